@@ -1,0 +1,157 @@
+import { randomBytes } from "node:crypto";
+import { existsSync, mkdirSync, readFileSync, writeFileSync } from "node:fs";
+import { join, resolve } from "node:path";
+import { z } from "zod";
+import { AppError } from "./errors.ts";
+import type { ImageResolver } from "./images.ts";
+import { builtinProviders, type ProviderDefinition } from "./providers.ts";
+
+/** Resolves a SecretRef (`env:NAME`) from a provider account's config to its value. */
+export interface SecretResolver {
+  resolve(ref: string): Promise<string | undefined>;
+}
+
+export const envSecrets: SecretResolver = {
+  async resolve(ref) {
+    return ref.startsWith("env:") ? process.env[ref.slice(4)] : undefined;
+  },
+};
+
+/** What `compute.config.ts` may export through `defineConfig`; everything is optional. */
+export interface ConfigFile {
+  port?: number;
+  host?: string;
+  databaseUrl?: string;
+  redisUrl?: string;
+  dataDir?: string;
+  vps?: {
+    runtimes?: string[];
+    providers?: ProviderDefinition[];
+    images?: ImageResolver;
+    secrets?: SecretResolver;
+    hostNetwork?: string;
+  };
+}
+export const defineConfig = (c: ConfigFile): ConfigFile => c;
+
+const runtimeId = z.string().regex(/^[a-z0-9-]+$/, "runtime ids are lower-case letters, digits and hyphens");
+const providerDef = z.custom<ProviderDefinition>(
+  (v) => typeof v === "object" && v !== null && typeof (v as ProviderDefinition).id === "string" && "accountConfig" in v,
+  "not a provider definition (use defineProvider)",
+);
+const resolverOf = <T>(what: string) =>
+  z.custom<T>((v) => typeof v === "object" && v !== null && typeof (v as { resolve?: unknown }).resolve === "function", `${what} needs a resolve() function`);
+
+const schema = z.object({
+  port: z.coerce.number().int().min(0).max(65535).default(4000),
+  host: z.string().min(1).default("127.0.0.1"),
+  databaseUrl: z
+    .string()
+    .regex(/^postgres(ql)?:\/\//, "must be a postgres:// URL")
+    .optional(),
+  redisUrl: z
+    .string()
+    .regex(/^rediss?:\/\//, "must be a redis:// URL")
+    .optional(),
+  /** Prefix of every Redis key and channel, so deployments (and tests) can share one Redis. */
+  redisPrefix: z
+    .string()
+    .regex(/^[A-Za-z0-9_.-]{1,64}$/)
+    .default("bc"),
+  dataDir: z.string().min(1).default(".data"),
+  operatorToken: z.string().min(16, "at least 16 characters").optional(),
+  /** 32 bytes, base64: the key that seals user data at rest. */
+  sealKey: z
+    .string()
+    .refine((s) => Buffer.from(s, "base64").length === 32, "must be 32 bytes, base64-encoded")
+    .optional(),
+  logLevel: z.enum(["debug", "info", "warn", "error", "silent"]).default("info"),
+  vps: z
+    .object({
+      runtimes: z.array(runtimeId).min(1, "at least one runtime").default(["libvirt-kvm"]),
+      providers: z
+        .array(providerDef)
+        .default([])
+        .superRefine((defs, ctx) => {
+          const seen = new Set<string>();
+          defs.forEach((d, i) => {
+            if (seen.has(d.id)) ctx.addIssue({ code: "custom", message: `provider ${d.id} is listed twice`, path: [i] });
+            seen.add(d.id);
+          });
+        }),
+      images: resolverOf<ImageResolver>("images").optional(),
+      secrets: resolverOf<SecretResolver>("secrets").default(envSecrets),
+      hostNetwork: z
+        .string()
+        .regex(/^[A-Za-z0-9_.-]{1,15}$/, "an interface name of 1 to 15 letters, digits, _ . -")
+        .default("br0"),
+    })
+    .prefault({}),
+});
+
+export type Config = z.infer<typeof schema>;
+
+/** Env wins over the file: operators override a shipped config without editing it. */
+export function readEnv(env: NodeJS.ProcessEnv): Record<string, unknown> {
+  const list = (v: string | undefined) =>
+    v === undefined
+      ? undefined
+      : v
+          .split(",")
+          .map((s) => s.trim())
+          .filter(Boolean);
+  const providerIds = list(env.PROVIDERS);
+  const providers = providerIds?.map((id, i) => {
+    const def = builtinProviders.find((p) => p.id === id);
+    if (!def) throw new AppError("INVALID_CONFIG", `invalid config at vps.providers.${i}: unknown provider ${id}`, { path: `vps.providers.${i}` });
+    return def;
+  });
+  return prune({
+    port: env.PORT,
+    host: env.HOST,
+    databaseUrl: env.DATABASE_URL,
+    redisUrl: env.REDIS_URL,
+    redisPrefix: env.REDIS_PREFIX,
+    dataDir: env.BC_DATA_DIR,
+    operatorToken: env.OPERATOR_TOKEN,
+    sealKey: env.SEAL_KEY,
+    logLevel: env.LOG_LEVEL,
+    vps: prune({ runtimes: list(env.VPS_RUNTIMES), providers, hostNetwork: env.VPS_HOST_NETWORK }),
+  });
+}
+
+function prune(o: Record<string, unknown>): Record<string, unknown> {
+  return Object.fromEntries(
+    Object.entries(o).filter(([, v]) => v !== undefined && !(typeof v === "object" && v !== null && !Array.isArray(v) && Object.keys(v).length === 0)),
+  );
+}
+
+/** Parse file + env into one Config, or throw INVALID_CONFIG naming the first offending path. */
+export function parseConfig(file: ConfigFile = {}, env: NodeJS.ProcessEnv = {}): Config {
+  const fromEnv = readEnv(env);
+  const merged = { ...file, ...fromEnv, vps: { ...file.vps, ...(fromEnv.vps as object | undefined) } };
+  const result = schema.safeParse(merged);
+  if (!result.success) {
+    const issue = result.error.issues[0];
+    const path = issue ? issue.path.join(".") : "";
+    throw new AppError("INVALID_CONFIG", `invalid config at ${path || "(root)"}: ${issue?.message}`, { path });
+  }
+  return result.data;
+}
+
+/**
+ * The embedded mode keeps its operator token and sealing key under the data dir, so a restart keeps working
+ * credentials and can still unseal. A deployment on PostgreSQL must pass both (the processes share them).
+ */
+export function persistentSecret(dataDir: string, name: string, make: () => string): string {
+  const dir = resolve(dataDir);
+  const file = join(dir, name);
+  if (existsSync(file)) return readFileSync(file, "utf8").trim();
+  mkdirSync(dir, { recursive: true });
+  const value = make();
+  writeFileSync(file, `${value}\n`, { mode: 0o600 });
+  return value;
+}
+
+export const newOperatorToken = () => `bco_${randomBytes(24).toString("base64url")}`;
+export const newSealKey = () => randomBytes(32).toString("base64");

@@ -1,0 +1,34 @@
+/** The codes clients may branch on (API.md); anything else reaches them as INTERNAL. */
+export const errorCodes = [
+  "INVALID_INPUT",
+  "INVALID_CONFIG",
+  "UNAUTHENTICATED",
+  "FORBIDDEN",
+  "NOT_FOUND",
+  "CONFLICT",
+  "QUOTA_EXCEEDED",
+  "UNSCHEDULABLE",
+  "UNSUPPORTED",
+  "PRECONDITION_FAILED",
+  "RATE_LIMITED",
+] as const;
+export type ErrorCode = (typeof errorCodes)[number];
+
+export class AppError extends Error {
+  readonly code: ErrorCode;
+  readonly details: Record<string, unknown>;
+  constructor(code: ErrorCode, message: string, details: Record<string, unknown> = {}) {
+    super(message);
+    this.name = "AppError";
+    this.code = code;
+    this.details = details;
+  }
+}
+
+export const invalid = (message: string, details?: Record<string, unknown>) => new AppError("INVALID_INPUT", message, details);
+export const notFound = (what: string, id: string) => new AppError("NOT_FOUND", `${what} ${id} not found`, { id });
+export const forbidden = (message: string) => new AppError("FORBIDDEN", message);
+
+export function isAppError(e: unknown, code?: ErrorCode): e is AppError {
+  return e instanceof AppError && (code === undefined || e.code === code);
+}

@@ -1,0 +1,74 @@
+import { mkdirSync } from "node:fs";
+import { resolve } from "node:path";
+import { PGlite } from "@electric-sql/pglite";
+import { PrismaPg } from "@prisma/adapter-pg";
+import pg from "pg";
+import { PrismaPGlite } from "pglite-prisma-adapter";
+import { PrismaClient } from "../../prisma/generated/client.ts";
+
+/** Plain SQL beside Prisma: migrations need multi-statement scripts, which prepared statements refuse. */
+export interface SqlRunner {
+  exec(sql: string): Promise<void>;
+  query<T>(sql: string, params?: unknown[]): Promise<T[]>;
+}
+
+export interface Database {
+  kind: "postgres" | "pglite";
+  prisma: PrismaClient;
+  /** Run `fn` on one connection: session state (advisory locks, BEGIN … COMMIT) stays on it. */
+  session<T>(fn: (sql: SqlRunner) => Promise<T>): Promise<T>;
+  close(): Promise<void>;
+}
+
+/** PostgreSQL when a URL is given; otherwise PGlite, persisted under `dataDir` (or in memory for `memory://`). */
+export async function openDatabase(opts: { databaseUrl?: string; dataDir?: string; poolSize?: number }): Promise<Database> {
+  if (opts.databaseUrl) {
+    const pool = new pg.Pool({ connectionString: opts.databaseUrl, max: opts.poolSize ?? 10 });
+    const prisma = new PrismaClient({ adapter: new PrismaPg(pool) });
+    return {
+      kind: "postgres",
+      prisma,
+      session: async (fn) => {
+        const client = await pool.connect();
+        try {
+          return await fn({
+            exec: async (sql) => {
+              await client.query(sql);
+            },
+            query: async <T>(sql: string, params?: unknown[]) => (await client.query(sql, params)).rows as T[],
+          });
+        } finally {
+          client.release();
+        }
+      },
+      close: async () => {
+        await prisma.$disconnect();
+        await pool.end();
+      },
+    };
+  }
+  const dir = opts.dataDir === "memory://" || !opts.dataDir ? undefined : resolve(opts.dataDir, "pglite");
+  if (dir) mkdirSync(dir, { recursive: true });
+  const lite = new PGlite(dir);
+  await lite.waitReady;
+  return pgliteDatabase(lite);
+}
+
+export function pgliteDatabase(lite: PGlite): Database {
+  const prisma = new PrismaClient({ adapter: new PrismaPGlite(lite) });
+  return {
+    kind: "pglite",
+    prisma,
+    session: (fn) =>
+      fn({
+        exec: async (sql) => {
+          await lite.exec(sql);
+        },
+        query: async <T>(sql: string, params?: unknown[]) => (await lite.query<T>(sql, params)).rows,
+      }),
+    close: async () => {
+      await prisma.$disconnect();
+      await lite.close();
+    },
+  };
+}

@@ -1,0 +1,104 @@
+import { randomUUID } from "node:crypto";
+import { type Config, newOperatorToken, newSealKey, persistentSecret } from "../core/config.ts";
+import type { Tx } from "../core/db.ts";
+import type { InstanceEventMessage } from "../core/events.ts";
+import { type IdSource, randomIds } from "../core/ids.ts";
+import { type ImageResolver, tableImages } from "../core/images.ts";
+import { type Sealer, sealer } from "../core/seal.ts";
+import { ensureOperatorIdentity } from "../core/tenants.ts";
+import { type Bus, openBus } from "./bus.ts";
+import { type Database, openDatabase } from "./db/index.ts";
+import { migrate } from "./db/migrate.ts";
+import { bullJobs, type Jobs, memoryJobs } from "./jobs.ts";
+import { type Logger, logger } from "./log.ts";
+
+/** Everything a process of the platform shares: one per server, worker or dev process. */
+export interface Platform {
+  config: Config;
+  db: Database;
+  bus: Bus;
+  jobs: Jobs;
+  sealer: Sealer;
+  images: ImageResolver;
+  ids: IdSource;
+  now: () => Date;
+  log: Logger;
+  operatorToken: string | undefined;
+  /**
+   * Run `fn` in one transaction; after it commits, publish the events it produced and wake the reconciler for
+   * their instances. Nothing is published for a transaction that rolls back.
+   */
+  transact<T>(fn: (tx: Tx, emit: (e: InstanceEventMessage | null) => void) => Promise<T>): Promise<T>;
+  close(): Promise<void>;
+}
+
+export interface PlatformOptions {
+  /** The embedded quick start may invent and keep its operator token and sealing key under the data dir. */
+  embedded?: boolean;
+  ids?: IdSource;
+  now?: () => Date;
+  /** Tests hand in a database they made (a clone of a migrated template). */
+  db?: Database;
+}
+
+const RETRYABLE = new Set(["P2034", "40001", "40P01"]);
+
+export async function openPlatform(config: Config, opts: PlatformOptions = {}): Promise<Platform> {
+  const log = logger(config.logLevel);
+  const embedded = opts.embedded ?? false;
+  const sealKey = config.sealKey ?? (embedded ? persistentSecret(config.dataDir, "seal.key", newSealKey) : undefined);
+  if (!sealKey) throw new Error("SEAL_KEY is required outside the embedded mode (32 random bytes, base64)");
+  const operatorToken = config.operatorToken ?? (embedded ? persistentSecret(config.dataDir, "operator-token", newOperatorToken) : undefined);
+
+  const db = opts.db ?? (await openDatabase({ databaseUrl: config.databaseUrl, dataDir: config.dataDir }));
+  await db.session((sql) => migrate(sql));
+  await db.prisma.$transaction((tx) => ensureOperatorIdentity(tx));
+  const bus = await openBus({ redisUrl: config.redisUrl, prefix: config.redisPrefix });
+  const jobs = config.redisUrl ? bullJobs({ redisUrl: config.redisUrl, prefix: config.redisPrefix }) : memoryJobs();
+
+  const platform: Platform = {
+    config,
+    db,
+    bus,
+    jobs,
+    sealer: sealer(sealKey),
+    images: config.vps.images ?? tableImages,
+    ids: opts.ids ?? randomIds,
+    now: opts.now ?? (() => new Date()),
+    log,
+    operatorToken,
+    async transact(fn) {
+      for (let attempt = 1; ; attempt++) {
+        const events: InstanceEventMessage[] = [];
+        try {
+          const result = await db.prisma.$transaction((tx) => fn(tx, (e) => e && events.push(e)), { maxWait: 30_000, timeout: 30_000 });
+          for (const e of events) await afterCommit(e);
+          return result;
+        } catch (e) {
+          // Deadlocks and serialisation failures are the database asking for a retry, not a user error.
+          const code = (e as { code?: string }).code;
+          if (attempt < 4 && code && RETRYABLE.has(code)) continue;
+          throw e;
+        }
+      }
+    },
+    async close() {
+      await jobs.close();
+      await bus.close();
+      await db.close();
+    },
+  };
+
+  /** Publishing and waking are hints: a failure here delays convergence (the sweep re-finds it), never loses state. */
+  async function afterCommit(e: InstanceEventMessage) {
+    try {
+      bus.publish("instanceEvents", e);
+      await jobs.enqueue("vps.instances", { instanceId: e.instanceId });
+    } catch (err) {
+      log.warn("after-commit effects failed", { instanceId: e.instanceId, err: String(err) });
+    }
+  }
+  return platform;
+}
+
+export const newRequestId = () => randomUUID();

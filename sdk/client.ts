@@ -1,0 +1,63 @@
+import type { TypedDocumentNode } from "@graphql-typed-document-node/core";
+import { type DocumentNode, print } from "graphql";
+
+export * from "./generated.ts";
+
+/** A GraphQL error as the API reports it; `code` is its `extensions.code` (API.md). */
+export class SdkError extends Error {
+  readonly code: string;
+  readonly errors: { message: string; path?: (string | number)[]; extensions?: Record<string, unknown> }[];
+  constructor(errors: SdkError["errors"], status?: number) {
+    const first = errors[0];
+    super(first ? `${first.extensions?.code ?? "ERROR"}: ${first.message}` : `HTTP ${status}`);
+    this.name = "SdkError";
+    this.code = String(first?.extensions?.code ?? (status ? `HTTP_${status}` : "UNKNOWN"));
+    this.errors = errors;
+  }
+}
+
+export interface ClientOptions {
+  /** The GraphQL endpoint, e.g. http://127.0.0.1:4000/graphql */
+  url: string;
+  /** A bearer token: an API token, or the operator token. */
+  token?: string;
+  headers?: Record<string, string>;
+}
+
+const printed = new WeakMap<DocumentNode, string>();
+const source = (doc: DocumentNode) => {
+  const known = printed.get(doc);
+  if (known) return known;
+  const s = print(doc);
+  printed.set(doc, s);
+  return s;
+};
+
+/** A typed client: every operation of sdk/operations is a document whose result and variables are typed. */
+export function createClient(opts: ClientOptions) {
+  return {
+    async request<R, V extends Record<string, unknown>>(doc: TypedDocumentNode<R, V>, ...vars: V extends Record<string, never> ? [] | [V] : [V]): Promise<R> {
+      const res = await fetch(opts.url, {
+        method: "POST",
+        headers: {
+          "content-type": "application/json",
+          accept: "application/graphql-response+json, application/json",
+          ...(opts.token ? { authorization: `Bearer ${opts.token}` } : {}),
+          ...opts.headers,
+        },
+        body: JSON.stringify({ query: source(doc), variables: vars[0] ?? {} }),
+      });
+      const text = await res.text();
+      let body: { data?: R | null; errors?: SdkError["errors"] };
+      try {
+        body = JSON.parse(text);
+      } catch {
+        throw new SdkError([{ message: text.slice(0, 200) }], res.status);
+      }
+      if (body.errors?.length) throw new SdkError(body.errors, res.status);
+      if (!body.data) throw new SdkError([], res.status);
+      return body.data;
+    },
+  };
+}
+export type Client = ReturnType<typeof createClient>;

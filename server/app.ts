@@ -1,0 +1,134 @@
+import { randomUUID } from "node:crypto";
+import { createServer, type Server } from "node:http";
+import type { ExecutionResult, GraphQLError } from "graphql";
+import { useServer } from "graphql-ws/use/ws";
+import { createYoga, type Plugin } from "graphql-yoga";
+import { WebSocketServer } from "ws";
+import { AppError } from "../core/errors.ts";
+import type { Principal } from "../core/principal.ts";
+import { authenticate } from "../core/tenants.ts";
+import type { Platform } from "../infra/platform.ts";
+import type { Context } from "./context.ts";
+import { asInvalidInput, toClientError } from "./errors.ts";
+import { schema } from "./schema/index.ts";
+
+export interface App {
+  server: Server;
+  url: string;
+  close(): Promise<void>;
+}
+
+async function principalFor(platform: Platform, authorization: string | undefined | null): Promise<Principal | null> {
+  if (!authorization) return null;
+  const m = /^Bearer\s+(\S+)$/i.exec(authorization);
+  const who = m ? await authenticate(platform.db.prisma, m[1] as string, platform.operatorToken, platform.now()) : null;
+  // A credential that is wrong is an error, not an anonymous call: clients learn at once that it is bad.
+  if (!who) throw new AppError("UNAUTHENTICATED", "the bearer token is unknown, expired or revoked");
+  return who;
+}
+
+/** Request-level input errors (validation, variable coercion) carry INVALID_INPUT like any other bad input. */
+const invalidInputCodes: Plugin = {
+  onValidate:
+    () =>
+    ({ result, setResult }) => {
+      if (result.length) setResult(result.map(asInvalidInput));
+    },
+  onExecute: () => ({
+    onExecuteDone: ({ result, setResult }) => {
+      const r = result as ExecutionResult;
+      if (r.errors?.length) setResult({ ...r, errors: r.errors.map((e) => (e.originalError ? e : asInvalidInput(e))) });
+    },
+  }),
+};
+
+export async function startServer(platform: Platform, opts: { port?: number; host?: string } = {}): Promise<App> {
+  const counters = { requests: 0 };
+  const yoga = createYoga<{ requestId?: string }, Context>({
+    schema,
+    graphqlEndpoint: "/graphql",
+    landingPage: false,
+    graphiql: { title: "Better Compute" },
+    plugins: [invalidInputCodes],
+    context: async ({ request }) => {
+      const requestId = request.headers.get("x-request-id") ?? randomUUID();
+      counters.requests++;
+      return { platform, principal: await principalFor(platform, request.headers.get("authorization")), requestId };
+    },
+    maskedErrors: {
+      maskError: (error) => {
+        const requestId = ((error as GraphQLError).extensions?.requestId as string | undefined) ?? randomUUID();
+        return toClientError(error, platform.log, requestId);
+      },
+    },
+  });
+
+  const server = createServer(async (req, res) => {
+    const path = (req.url ?? "/").split("?")[0];
+    if (path === "/healthz") return void res.writeHead(200, { "content-type": "text/plain" }).end("ok\n");
+    if (path === "/readyz") {
+      try {
+        await platform.db.prisma.$queryRaw`SELECT 1`;
+        return void res.writeHead(200, { "content-type": "text/plain" }).end("ready\n");
+      } catch {
+        return void res.writeHead(503, { "content-type": "text/plain" }).end("database unavailable\n");
+      }
+    }
+    if (path === "/metrics") {
+      const mem = process.memoryUsage();
+      return void res
+        .writeHead(200, { "content-type": "text/plain; version=0.0.4" })
+        .end(
+          `# TYPE bc_graphql_requests_total counter\nbc_graphql_requests_total ${counters.requests}\n# TYPE process_resident_memory_bytes gauge\nprocess_resident_memory_bytes ${mem.rss}\n`,
+        );
+    }
+    if (path === "/") return void res.writeHead(302, { location: "/graphql" }).end();
+    return yoga.handle(req, res);
+  });
+
+  // Subscriptions share the port: graphql-ws on the same path, executed through yoga's envelop (STACK.md 9).
+  const wss = new WebSocketServer({ server, path: "/graphql" });
+  const ws = useServer(
+    {
+      execute: ((args: { rootValue: { execute: (a: unknown) => unknown } }) => args.rootValue.execute(args)) as never,
+      subscribe: ((args: { rootValue: { subscribe: (a: unknown) => unknown } }) => args.rootValue.subscribe(args)) as never,
+      onSubscribe: async (ctx, _id, payload) => {
+        const {
+          schema: s,
+          execute,
+          subscribe,
+          contextFactory,
+          parse,
+          validate,
+        } = yoga.getEnveloped({ ...ctx, req: ctx.extra.request, socket: ctx.extra.socket, params: payload });
+        const auth = (ctx.connectionParams?.authorization as string | undefined) ?? null;
+        const contextValue = { ...(await contextFactory()), platform, principal: await principalFor(platform, auth), requestId: randomUUID() };
+        const args = {
+          schema: s,
+          operationName: payload.operationName,
+          document: parse(payload.query),
+          variableValues: payload.variables,
+          contextValue,
+          rootValue: { execute, subscribe },
+        };
+        const errors = validate(args.schema, args.document);
+        if (errors.length) return errors.map(asInvalidInput);
+        return args;
+      },
+    },
+    wss,
+  );
+
+  await new Promise<void>((resolve) => server.listen(opts.port ?? platform.config.port, opts.host ?? platform.config.host, resolve));
+  const addr = server.address();
+  const port = typeof addr === "object" && addr ? addr.port : opts.port;
+  const host = opts.host ?? platform.config.host;
+  return {
+    server,
+    url: `http://${host.includes(":") ? `[${host}]` : host}:${port}/graphql`,
+    async close() {
+      await ws.dispose();
+      await new Promise<void>((resolve) => server.close(() => resolve()));
+    },
+  };
+}

@@ -1,0 +1,74 @@
+import { createFlavor, deleteFlavor, updateFlavor } from "../../core/flavors.ts";
+import { requireOperator, requireRead } from "../../core/principal.ts";
+import type { Flavor as FlavorRow } from "../../prisma/generated/client.ts";
+import { writeCtx } from "../context.ts";
+import { builder, GpuCount, GpuCountInput } from "./builder.ts";
+
+const Flavor = builder.objectRef<FlavorRow>("Flavor").implement({
+  description: "A named shape in a pool: what an instance of it claims on a node and charges to quota.",
+  fields: (t) => ({
+    id: t.exposeID("id"),
+    poolId: t.exposeID("poolId"),
+    name: t.exposeString("name"),
+    vcpus: t.exposeInt("vcpus"),
+    memoryMib: t.exposeInt("memoryMib"),
+    diskGib: t.exposeInt("diskGib"),
+    gpus: t.field({ type: [GpuCount], resolve: (f) => f.gpus as { model: string; count: number }[] }),
+    createdAt: t.expose("createdAt", { type: "DateTime" }),
+    updatedAt: t.expose("updatedAt", { type: "DateTime" }),
+  }),
+});
+
+const CreateFlavorInput = builder.inputType("CreateFlavorInput", {
+  fields: (t) => ({
+    poolId: t.id({ required: true }),
+    name: t.string({ required: true }),
+    vcpus: t.int({ required: true }),
+    memoryMib: t.int({ required: true }),
+    diskGib: t.int({ required: true }),
+    gpus: t.field({ type: [GpuCountInput] }),
+  }),
+});
+
+const UpdateFlavorInput = builder.inputType("UpdateFlavorInput", {
+  description: "Absent fields keep their value. Existing instances keep the shape they were admitted with.",
+  fields: (t) => ({ vcpus: t.int(), memoryMib: t.int(), diskGib: t.int(), gpus: t.field({ type: [GpuCountInput] }) }),
+});
+
+builder.queryField("flavors", (t) =>
+  t.field({
+    type: [Flavor],
+    args: { poolId: t.arg.id({ required: true }) },
+    resolve: (_r, { poolId }, ctx) => {
+      requireRead(ctx.principal, "compute:pools:read");
+      return ctx.platform.db.prisma.flavor.findMany({ where: { poolId: String(poolId) }, orderBy: { name: "asc" } });
+    },
+  }),
+);
+
+builder.mutationFields((t) => ({
+  createFlavor: t.field({
+    type: Flavor,
+    args: { input: t.arg({ type: CreateFlavorInput, required: true }) },
+    resolve: (_r, { input }, ctx) => {
+      requireOperator(ctx.principal);
+      return ctx.platform.transact((tx) => createFlavor(tx, writeCtx(ctx), { ...input, poolId: String(input.poolId) }));
+    },
+  }),
+  updateFlavor: t.field({
+    type: Flavor,
+    args: { id: t.arg.id({ required: true }), input: t.arg({ type: UpdateFlavorInput, required: true }) },
+    resolve: (_r, { id, input }, ctx) => {
+      requireOperator(ctx.principal);
+      return ctx.platform.transact((tx) => updateFlavor(tx, writeCtx(ctx), String(id), input));
+    },
+  }),
+  deleteFlavor: t.field({
+    type: Flavor,
+    args: { id: t.arg.id({ required: true }) },
+    resolve: (_r, { id }, ctx) => {
+      requireOperator(ctx.principal);
+      return ctx.platform.transact((tx) => deleteFlavor(tx, writeCtx(ctx), String(id)));
+    },
+  }),
+}));

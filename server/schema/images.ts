@@ -1,0 +1,57 @@
+import { registerImage } from "../../core/images.ts";
+import { requireAuth, requireRead } from "../../core/principal.ts";
+import type { Image as ImageRow } from "../../prisma/generated/client.ts";
+import { builder } from "./builder.ts";
+
+const ImageFormat = builder.enumType("ImageFormat", { values: { RAW: { value: "raw" }, QCOW2: { value: "qcow2" }, ISO: { value: "iso" } } as const });
+
+const Image = builder.objectRef<ImageRow>("Image").implement({
+  fields: (t) => ({
+    id: t.exposeID("id"),
+    name: t.exposeString("name"),
+    source: t.exposeString("source", { description: "Where hosts download it from." }),
+    sha256: t.exposeString("sha256", { description: "Hosts refuse a download whose digest differs." }),
+    format: t.field({ type: ImageFormat, resolve: (i) => i.format as "raw" }),
+    verified: t.exposeBoolean("verified", { description: "Vouched for by the operator; instances carry it as imageVerified." }),
+    public: t.boolean({ resolve: (i) => i.visibility === "public" }),
+    tenantId: t.exposeID("tenantId", { nullable: true, description: "The owner; null for the operator's images." }),
+    createdAt: t.expose("createdAt", { type: "DateTime" }),
+  }),
+});
+
+const RegisterImageInput = builder.inputType("RegisterImageInput", {
+  fields: (t) => ({
+    name: t.string({ required: true }),
+    source: t.string({ required: true, description: "An http(s) URL." }),
+    sha256: t.string({ required: true }),
+    format: t.field({ type: ImageFormat, required: true }),
+    public: t.boolean({ description: "Operators only: every tenant can boot it." }),
+    verified: t.boolean({ description: "Operators only; defaults to true for their images." }),
+  }),
+});
+
+builder.queryField("images", (t) =>
+  t.field({
+    type: [Image],
+    description: "The images the caller can boot: its tenant's and the public ones (operators: all).",
+    resolve: (_r, _a, ctx) => {
+      const p = requireRead(ctx.principal, "compute:images:read");
+      const where = p.operator ? { deletedAt: null } : { deletedAt: null, OR: [{ tenantId: p.tenantId }, { visibility: "public" }] };
+      return ctx.platform.db.prisma.image.findMany({ where, orderBy: { createdAt: "asc" } });
+    },
+  }),
+);
+
+builder.mutationField("registerImage", (t) =>
+  t.field({
+    type: Image,
+    args: { input: t.arg({ type: RegisterImageInput, required: true }) },
+    resolve: (_r, { input }, ctx) => {
+      const p = requireAuth(ctx.principal);
+      if (!p.operator) requireRead(p, "compute:images:write");
+      return ctx.platform.transact((tx) =>
+        registerImage(tx, ctx.platform.ids, p, { ...input, public: input.public ?? undefined, verified: input.verified ?? undefined }),
+      );
+    },
+  }),
+);

@@ -1,0 +1,13 @@
+import { lexicographicSortSchema, printSchema } from "graphql";
+import { builder } from "./builder.ts";
+import "./viewer.ts";
+import "./tenants.ts";
+import "./pools.ts";
+import "./images.ts";
+import "./flavors.ts";
+import "./instances.ts";
+
+export const schema = builder.toSchema();
+
+/** What `schema.graphql` holds; sorted so that the committed file changes only when the API does. */
+export const printedSchema = () => `${printSchema(lexicographicSortSchema(schema))}\n`;

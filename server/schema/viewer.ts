@@ -1,0 +1,22 @@
+import { requireAuth } from "../../core/principal.ts";
+import { builder } from "./builder.ts";
+
+const Viewer = builder.objectRef<{ identityId: string; tenantId: string | null; operator: boolean; scopes: string[] }>("Viewer").implement({
+  description: "Who the bearer token speaks for.",
+  fields: (t) => ({
+    identityId: t.exposeID("identityId"),
+    tenantId: t.exposeID("tenantId", { nullable: true }),
+    isOperator: t.exposeBoolean("operator"),
+    scopes: t.exposeStringList("scopes"),
+  }),
+});
+
+builder.queryField("viewer", (t) =>
+  t.field({
+    type: Viewer,
+    resolve: (_root, _args, ctx) => {
+      const p = requireAuth(ctx.principal);
+      return { identityId: p.identityId, tenantId: p.tenantId, operator: p.operator, scopes: [...p.scopes].sort() };
+    },
+  }),
+);

@@ -1,0 +1,58 @@
+import { describe, expect, it } from "vitest";
+import { z } from "zod";
+import { parseConfig } from "../../core/config.ts";
+import { AppError } from "../../core/errors.ts";
+import { defineProvider, hetznerCloud } from "../../core/providers.ts";
+
+function configError(fn: () => unknown): AppError {
+  try {
+    fn();
+  } catch (e) {
+    if (e instanceof AppError) return e;
+    throw e;
+  }
+  throw new Error("expected INVALID_CONFIG");
+}
+
+describe("config", () => {
+  it("has the spec's defaults", () => {
+    const c = parseConfig();
+    expect(c.vps.runtimes).toEqual(["libvirt-kvm"]);
+    expect(c.vps.hostNetwork).toBe("br0");
+    expect(c.vps.providers).toEqual([]);
+    expect(c.port).toBe(4000);
+  });
+  it("reads the environment over the file", () => {
+    const c = parseConfig({ port: 5000, vps: { hostNetwork: "br-file" } }, { PORT: "6000", VPS_RUNTIMES: "fake, libvirt-kvm", PROVIDERS: "hetzner-cloud" });
+    expect(c.port).toBe(6000);
+    expect(c.vps.hostNetwork).toBe("br-file");
+    expect(c.vps.runtimes).toEqual(["fake", "libvirt-kvm"]);
+    expect(c.vps.providers.map((p) => p.id)).toEqual(["hetzner-cloud"]);
+  });
+  it.each([
+    [{ vps: { runtimes: [] } }, {}, "vps.runtimes"],
+    [{ vps: { runtimes: ["Libvirt_KVM"] } }, {}, "vps.runtimes.0"],
+    [{ vps: { hostNetwork: "a-name-longer-than-15" } }, {}, "vps.hostNetwork"],
+    [{ vps: { hostNetwork: "br 0" } }, {}, "vps.hostNetwork"],
+    [{ vps: { hostNetwork: "" } }, {}, "vps.hostNetwork"],
+    [{ vps: { providers: [hetznerCloud, hetznerCloud] } }, {}, "vps.providers.1"],
+    [{ vps: { providers: [{ id: "x" }] } }, {}, "vps.providers.0"],
+    [{}, { PROVIDERS: "nimbus" }, "vps.providers.0"],
+    [{}, { PORT: "99999" }, "port"],
+    [{}, { DATABASE_URL: "mysql://x" }, "databaseUrl"],
+    [{}, { SEAL_KEY: "c2hvcnQ=" }, "sealKey"],
+    [{ vps: { images: {} } }, {}, "vps.images"],
+  ] as const)("refuses %j %j at %s", (file, env, path) => {
+    const e = configError(() => parseConfig(file as never, env as never));
+    expect(e.code).toBe("INVALID_CONFIG");
+    expect(e.details.path).toBe(path);
+    expect(e.message).toContain(path);
+  });
+  it("accepts a custom provider definition and image resolver", () => {
+    const mine = defineProvider({ id: "my-cloud", displayName: "Mine", accountConfig: z.object({ region: z.string() }) });
+    const images = { resolve: async () => undefined };
+    const c = parseConfig({ vps: { providers: [mine], images } });
+    expect(c.vps.providers[0]?.id).toBe("my-cloud");
+    expect(c.vps.images).toBe(images);
+  });
+});
