@@ -1,6 +1,8 @@
 import { defineConfig } from "vitest/config";
 
 export default defineConfig({
+  // One copy of graphql for the whole run: its CJS and ESM builds each define their own classes.
+  resolve: { dedupe: ["graphql"] },
   test: {
     include: ["tests/**/*.test.ts"],
     globalSetup: ["tests/support/global-setup.ts"],

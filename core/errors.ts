@@ -14,7 +14,12 @@ export const errorCodes = [
 ] as const;
 export type ErrorCode = (typeof errorCodes)[number];
 
+// A registry symbol, not `instanceof`: a test runner or a bundler may load this module twice, and an error
+// thrown by one copy must still be recognised by the other.
+const brand = Symbol.for("better-compute.AppError");
+
 export class AppError extends Error {
+  readonly [brand] = true;
   readonly code: ErrorCode;
   readonly details: Record<string, unknown>;
   constructor(code: ErrorCode, message: string, details: Record<string, unknown> = {}) {
@@ -30,5 +35,5 @@ export const notFound = (what: string, id: string) => new AppError("NOT_FOUND", 
 export const forbidden = (message: string) => new AppError("FORBIDDEN", message);
 
 export function isAppError(e: unknown, code?: ErrorCode): e is AppError {
-  return e instanceof AppError && (code === undefined || e.code === code);
+  return typeof e === "object" && e !== null && (e as { [brand]?: boolean })[brand] === true && (code === undefined || (e as AppError).code === code);
 }

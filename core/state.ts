@@ -99,6 +99,7 @@ export class IllegalTransition extends Error {
     readonly to: InstanceState,
   ) {
     super(`illegal instance transition ${from} → ${to}`);
+    this.name = "IllegalTransition";
   }
 }
 

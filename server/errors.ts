@@ -1,22 +1,30 @@
 import { GraphQLError } from "graphql";
-import { AppError } from "../core/errors.ts";
-import { IllegalTransition } from "../core/state.ts";
+import { isAppError } from "../core/errors.ts";
 import type { Logger } from "../infra/log.ts";
+
+// Structural checks rather than `instanceof GraphQLError`: graphql ships CJS and ESM builds, and a process
+// may load both (test runners do), each with its own GraphQLError class.
+type GraphQLErrorLike = Error & { originalError?: unknown; path?: readonly (string | number)[]; extensions?: Record<string, unknown> };
+const isGraphQLErrorLike = (e: unknown): e is GraphQLErrorLike => e instanceof Error && "extensions" in e && "path" in e;
 
 /**
  * Turn what a resolver threw into what a client may see: an AppError keeps its code and details; a unique
  * key violation is a CONFLICT; anything else is logged with the request id and returned as INTERNAL.
  */
 export function toClientError(error: unknown, log: Logger, requestId: string): GraphQLError {
-  const original = error instanceof GraphQLError ? (error.originalError ?? error) : error;
-  const path = error instanceof GraphQLError ? error.path : undefined;
-  if (original instanceof AppError) {
+  const original = isGraphQLErrorLike(error) ? (error.originalError ?? error) : error;
+  const path = isGraphQLErrorLike(error) ? error.path : undefined;
+  if (isAppError(original)) {
     return new GraphQLError(original.message, { path, extensions: { ...original.details, code: original.code } });
   }
-  if (original instanceof GraphQLError && typeof original.extensions?.code === "string") return original;
+  if (isGraphQLErrorLike(original) && typeof original.extensions?.code === "string") {
+    return new GraphQLError(original.message, { path, extensions: original.extensions });
+  }
+  // graphql's own errors outside any resolver (variable coercion: an unknown enum value, a missing field).
+  if (isGraphQLErrorLike(original) && !path) return asInvalidInput(original);
   const prismaCode = (original as { code?: unknown })?.code;
   if (prismaCode === "P2002") return new GraphQLError("already exists", { path, extensions: { code: "CONFLICT" } });
-  if (original instanceof IllegalTransition) {
+  if (original instanceof Error && original.name === "IllegalTransition") {
     return new GraphQLError(original.message, { path, extensions: { code: "PRECONDITION_FAILED" } });
   }
   log.error("unexpected error", { requestId, err: original instanceof Error ? (original.stack ?? original.message) : String(original) });
@@ -24,15 +32,14 @@ export function toClientError(error: unknown, log: Logger, requestId: string): G
 }
 
 /** Errors GraphQL itself raises about a request (unknown enum value, missing field) are bad input too. */
-export const asInvalidInput = (e: Error): GraphQLError =>
-  !(e instanceof GraphQLError)
-    ? new GraphQLError(e.message, { extensions: { code: "INVALID_INPUT" } })
-    : e.extensions?.code
-      ? e
-      : new GraphQLError(e.message, {
-          nodes: e.nodes,
-          source: e.source,
-          positions: e.positions,
-          path: e.path,
-          extensions: { ...e.extensions, code: "INVALID_INPUT" },
-        });
+export function asInvalidInput(e: Error): GraphQLError {
+  const g = e as GraphQLErrorLike & Partial<GraphQLError>;
+  if (typeof g.extensions?.code === "string") return e as GraphQLError;
+  return new GraphQLError(e.message, {
+    nodes: g.nodes,
+    source: g.source,
+    positions: g.positions,
+    path: g.path,
+    extensions: { ...g.extensions, code: "INVALID_INPUT" },
+  });
+}

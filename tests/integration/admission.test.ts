@@ -1,0 +1,240 @@
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import {
+  CreateInstanceDocument,
+  CreateProjectDocument,
+  InstanceDocument,
+  type InstanceFieldsFragment,
+  RegisterImageDocument,
+  StopInstanceDocument,
+} from "../../sdk/client.ts";
+import { sha256Of, testKey } from "../support/fixtures.ts";
+import { expectCode, type Harness, startHarness } from "../support/harness.ts";
+import { invariantViolations, ledger } from "../support/ledger.ts";
+
+let h: Harness;
+beforeAll(async () => {
+  h = await startHarness();
+});
+afterAll(() => h?.close());
+
+const create = (c: Harness["operator"], input: Record<string, unknown>) =>
+  c.request(CreateInstanceDocument, { input: input as never }).then((r) => r.createInstance as InstanceFieldsFragment);
+
+/** The call must fail with `code` and leave every counted row as it was. */
+async function refusedWithoutTrace(call: () => Promise<unknown>, code: string) {
+  const before = await ledger(h.platform);
+  const err = await expectCode(call(), code);
+  expect(await ledger(h.platform)).toEqual(before);
+  return err;
+}
+
+describe("createInstance on a hosted pool", () => {
+  it("places, leases, charges and records in one go", async () => {
+    const t = await h.tenant();
+    const pool = await h.hostedPool({ ipv4Range: "10.1.0.0/24" });
+    const inst = await create(t.client, {
+      poolId: pool.poolId,
+      flavor: "small",
+      imageId: pool.imageId,
+      sshKeys: [testKey()],
+      userData: "#cloud-config\n",
+      idempotencyKey: "first",
+    });
+    expect(inst).toMatchObject({
+      state: "PENDING",
+      desiredState: "RUNNING",
+      version: 1,
+      flavor: "small",
+      vcpus: 2,
+      imageVerified: true,
+      runtime: "libvirt-kvm",
+    });
+    expect(inst.id).toMatch(/^inst_[a-z2-7]{52}$/);
+    expect(inst.nodeId).toBe(pool.nodeIds[0]);
+    expect(inst.allocationId).toMatch(/^alloc_/);
+    expect(inst.addresses).toEqual(["10.1.0.2"]); // .0 network, .1 gateway
+    expect(inst.userData).toBe("#cloud-config\n");
+    const events = await h.platform.db.prisma.instanceEvent.findMany({ where: { instanceId: inst.id } });
+    expect(events).toMatchObject([{ fromState: null, toState: "pending", version: 1, actor: t.identityId, reason: "created" }]);
+    expect(await h.platform.db.prisma.auditLog.count({ where: { targetId: inst.id, action: "createInstance" } })).toBe(1);
+    const usage = await h.platform.db.prisma.quotaUsage.findMany({ where: { tenantId: t.id }, orderBy: { resource: "asc" } });
+    expect(usage.map((u) => [u.resource, Number(u.used)])).toEqual([
+      ["disk_gib", 20],
+      ["instances", 1],
+      ["memory_mib", 2048],
+      ["vcpus", 2],
+    ]);
+    const row = await h.platform.db.prisma.instance.findUniqueOrThrow({ where: { id: inst.id } });
+    expect(Buffer.from(row.userDataSealed as Uint8Array).toString()).not.toContain("cloud-config");
+    expect(await invariantViolations(h.platform)).toEqual([]);
+  });
+
+  it("is idempotent: a replay returns the instance, other inputs under the same key are a CONFLICT", async () => {
+    const t = await h.tenant();
+    const pool = await h.hostedPool();
+    const input = { poolId: pool.poolId, flavor: "small", imageId: pool.imageId, idempotencyKey: "same" };
+    const a = await create(t.client, input);
+    const b = await create(t.client, input);
+    expect(b.id).toBe(a.id);
+    expect(b.version).toBe(1);
+    await refusedWithoutTrace(() => create(t.client, { ...input, sshKeys: [testKey()] }), "CONFLICT");
+    // The same key from another tenant is another instance.
+    const other = await h.tenant();
+    expect((await create(other.client, input)).id).not.toBe(a.id);
+  });
+
+  it("turns 50 concurrent identical creates into exactly one instance", async () => {
+    const t = await h.tenant();
+    const pool = await h.hostedPool();
+    const input = { poolId: pool.poolId, flavor: "small", imageId: pool.imageId, idempotencyKey: "burst" };
+    const results = await Promise.all(Array.from({ length: 50 }, () => create(t.client, input)));
+    expect(new Set(results.map((r) => r.id)).size).toBe(1);
+    expect(await h.platform.db.prisma.instance.count({ where: { tenantId: t.id } })).toBe(1);
+    expect(await h.platform.db.prisma.allocation.count({ where: { tenantId: t.id } })).toBe(1);
+    expect(await invariantViolations(h.platform)).toEqual([]);
+  });
+
+  it("never over-commits: 20 creates racing for a node with room for 7 give exactly 7", async () => {
+    const t = await h.tenant();
+    const pool = await h.hostedPool({ nodes: [{ vcpus: 14, memoryMib: 65536, diskGib: 1000 }] });
+    const settled = await Promise.allSettled(
+      Array.from({ length: 20 }, (_, i) => create(t.client, { poolId: pool.poolId, flavor: "small", imageId: pool.imageId, idempotencyKey: `race-${i}` })),
+    );
+    const ok = settled.filter((s) => s.status === "fulfilled");
+    const codes = settled.flatMap((s) => (s.status === "rejected" ? [(s.reason as { code: string }).code] : []));
+    expect(ok.length).toBe(7);
+    expect(codes).toEqual(Array(13).fill("UNSCHEDULABLE"));
+    const node = await h.platform.db.prisma.node.findUniqueOrThrow({ where: { id: pool.nodeIds[0] } });
+    expect(node.allocVcpus).toBe(14);
+    expect(await invariantViolations(h.platform)).toEqual([]);
+  });
+
+  it("gives the last address to exactly one of two racing creates", async () => {
+    const t = await h.tenant();
+    // A /30 has one leasable address: .0 network, .1 gateway, .2 lease, .3 broadcast.
+    const pool = await h.hostedPool({ ipv4Range: "10.2.0.0/30" });
+    const settled = await Promise.allSettled(
+      [0, 1].map((i) => create(t.client, { poolId: pool.poolId, flavor: "small", imageId: pool.imageId, idempotencyKey: `ip-${i}` })),
+    );
+    const ok = settled.filter((s): s is PromiseFulfilledResult<InstanceFieldsFragment> => s.status === "fulfilled");
+    expect(ok.map((s) => s.value.addresses)).toEqual([["10.2.0.2"]]);
+    const failed = settled.find((s) => s.status === "rejected") as PromiseRejectedResult;
+    expect(failed.reason.code).toBe("UNSCHEDULABLE");
+    expect(failed.reason.message).toMatch(/no free IPv4 address/);
+    expect(await invariantViolations(h.platform)).toEqual([]);
+  });
+
+  it("places whole GPUs of the flavor's model and never shares one", async () => {
+    const t = await h.tenant();
+    const pool = await h.hostedPool({
+      nodes: [
+        { vcpus: 64, memoryMib: 262144, diskGib: 4000, gpus: [{ model: "nvidia-l40s", count: 2 }] },
+        { vcpus: 64, memoryMib: 262144, diskGib: 4000 },
+      ],
+      flavors: [
+        { name: "gpu1", vcpus: 8, memoryMib: 32768, diskGib: 100, gpus: [{ model: "nvidia-l40s", count: 1 }] },
+        { name: "a100", vcpus: 8, memoryMib: 32768, diskGib: 100, gpus: [{ model: "nvidia-a100", count: 1 }] },
+        { name: "small", vcpus: 2, memoryMib: 2048, diskGib: 20 },
+      ],
+    });
+    // A CPU-only instance goes to the node without GPUs, keeping the GPU host for GPU work.
+    const cpu = await create(t.client, { poolId: pool.poolId, flavor: "small", imageId: pool.imageId });
+    expect(cpu.nodeId).toBe(pool.nodeIds[1]);
+    const settled = await Promise.allSettled(
+      [0, 1, 2].map((i) => create(t.client, { poolId: pool.poolId, flavor: "gpu1", imageId: pool.imageId, idempotencyKey: `g${i}` })),
+    );
+    const placed = settled.filter((s): s is PromiseFulfilledResult<InstanceFieldsFragment> => s.status === "fulfilled").map((s) => s.value);
+    expect(placed.map((p) => p.nodeId)).toEqual([pool.nodeIds[0], pool.nodeIds[0]]);
+    expect(settled.filter((s) => s.status === "rejected").map((s) => (s as PromiseRejectedResult).reason.code)).toEqual(["UNSCHEDULABLE"]);
+    const gpus = await h.platform.db.prisma.nodeGpu.findMany({ where: { nodeId: pool.nodeIds[0] } });
+    expect(new Set(gpus.map((g) => g.allocationId)).size).toBe(2);
+    const err = await refusedWithoutTrace(() => create(t.client, { poolId: pool.poolId, flavor: "a100", imageId: pool.imageId }), "UNSCHEDULABLE");
+    expect(err.message).toMatch(/1× nvidia-a100/);
+    expect(await invariantViolations(h.platform)).toEqual([]);
+  });
+
+  it("keeps tenants apart on single-tenant pools", async () => {
+    const [a, b] = [await h.tenant(), await h.tenant()];
+    const pool = await h.hostedPool({
+      singleTenant: true,
+      nodes: [
+        { vcpus: 8, memoryMib: 16384, diskGib: 200 },
+        { vcpus: 8, memoryMib: 16384, diskGib: 200 },
+      ],
+    });
+    const ia = await create(a.client, { poolId: pool.poolId, flavor: "small", imageId: pool.imageId });
+    const ib = await create(b.client, { poolId: pool.poolId, flavor: "small", imageId: pool.imageId });
+    expect(ia.nodeId).not.toBe(ib.nodeId);
+    const ia2 = await create(a.client, { poolId: pool.poolId, flavor: "small", imageId: pool.imageId, idempotencyKey: "2" });
+    expect(ia2.nodeId).toBe(ia.nodeId);
+    const c = await h.tenant();
+    const err = await refusedWithoutTrace(() => create(c.client, { poolId: pool.poolId, flavor: "small", imageId: pool.imageId }), "UNSCHEDULABLE");
+    expect(err.message).toMatch(/single-tenant/);
+  });
+});
+
+describe("createInstance refusals change nothing", () => {
+  let t: Awaited<ReturnType<Harness["tenant"]>>;
+  let pool: Awaited<ReturnType<Harness["hostedPool"]>>;
+  beforeAll(async () => {
+    t = await h.tenant({ quota: { instances: 3, vcpus: 5, gpus: [{ model: "nvidia-l40s", count: 0 }] } });
+    pool = await h.hostedPool({
+      nodes: [{ vcpus: 8, memoryMib: 16384, diskGib: 200, gpus: [{ model: "nvidia-l40s", count: 1 }] }],
+      flavors: [
+        { name: "small", vcpus: 2, memoryMib: 2048, diskGib: 20 },
+        { name: "big", vcpus: 4, memoryMib: 4096, diskGib: 40 },
+        { name: "huge", vcpus: 64, memoryMib: 1024, diskGib: 10 },
+        { name: "gpu", vcpus: 1, memoryMib: 1024, diskGib: 10, gpus: [{ model: "nvidia-l40s", count: 1 }] },
+      ],
+    });
+  });
+  const base = () => ({ poolId: pool.poolId, flavor: "small", imageId: pool.imageId });
+
+  it("NOT_FOUND: pool, flavor, project of another tenant, an image the tenant cannot see", async () => {
+    await refusedWithoutTrace(() => create(t.client, { ...base(), poolId: "pool_nope" }), "NOT_FOUND");
+    await refusedWithoutTrace(() => create(t.client, { ...base(), flavor: "xl" }), "NOT_FOUND");
+    await refusedWithoutTrace(() => create(t.client, { ...base(), imageId: "img_nope" }), "NOT_FOUND");
+    const other = await h.tenant();
+    const { registerImage } = await other.client.request(RegisterImageDocument, {
+      input: { name: "mine", source: "https://x.invalid/i.raw", sha256: sha256Of("b"), format: "RAW" },
+    });
+    await refusedWithoutTrace(() => create(t.client, { ...base(), imageId: registerImage.id }), "NOT_FOUND");
+    const { createProject } = await other.client.request(CreateProjectDocument, { name: "theirs" });
+    await refusedWithoutTrace(() => create(t.client, { ...base(), projectId: createProject.id }), "NOT_FOUND");
+    // The owner can boot its private image, unverified.
+    const own = await create(other.client, { ...base(), imageId: registerImage.id, projectId: createProject.id });
+    expect(own).toMatchObject({ imageVerified: false, projectId: createProject.id });
+  });
+
+  it("INVALID_INPUT: malformed keys, oversized user data, a desired state a create cannot ask for", async () => {
+    await refusedWithoutTrace(() => create(t.client, { ...base(), sshKeys: ["ssh-rsa not-a-key"] }), "INVALID_INPUT");
+    await refusedWithoutTrace(() => create(t.client, { ...base(), userData: "x".repeat(64 * 1024 + 1) }), "INVALID_INPUT");
+    await refusedWithoutTrace(() => create(t.client, { ...base(), desiredState: "DELETED" }), "INVALID_INPUT");
+    await refusedWithoutTrace(() => create(t.client, { ...base(), desiredState: "SIDEWAYS" }), "INVALID_INPUT");
+    await refusedWithoutTrace(() => create(t.client, { ...base(), idempotencyKey: "has space" }), "INVALID_INPUT");
+  });
+
+  it("QUOTA_EXCEEDED names the limit; UNSCHEDULABLE says what does not fit", async () => {
+    const a = await create(t.client, { ...base(), idempotencyKey: "q1" });
+    const err = await refusedWithoutTrace(() => create(t.client, { ...base(), flavor: "big", idempotencyKey: "q2" }), "QUOTA_EXCEEDED");
+    expect(err.message).toMatch(/quota vcpus exceeded: limit 5, in use 2, asked 4/);
+    const gpuErr = await refusedWithoutTrace(() => create(t.client, { ...base(), flavor: "gpu" }), "QUOTA_EXCEEDED");
+    expect(gpuErr.message).toMatch(/gpu:nvidia-l40s/);
+    const fit = await refusedWithoutTrace(() => create(t.client, { ...base(), flavor: "huge" }), "UNSCHEDULABLE");
+    expect(fit.message).toMatch(/room for 64 vCPU/);
+    await create(t.client, { ...base(), idempotencyKey: "q3" });
+    const count = await refusedWithoutTrace(() => create(t.client, { ...base(), flavor: "small", idempotencyKey: "q4", sshKeys: [] }), "QUOTA_EXCEEDED");
+    expect(count.message).toMatch(/vcpus|instances/);
+    // Stopping does not give quota back: the instance still holds its place.
+    await t.client.request(StopInstanceDocument, { id: a.id });
+    await refusedWithoutTrace(() => create(t.client, { ...base(), idempotencyKey: "q5" }), "QUOTA_EXCEEDED");
+    expect((await t.client.request(InstanceDocument, { id: a.id })).instance?.desiredState).toBe("STOPPED");
+  });
+
+  it("FORBIDDEN without the create scope; UNAUTHENTICATED without a token", async () => {
+    const ro = await h.tenant({ scopes: ["compute:instances:read"] });
+    await refusedWithoutTrace(() => create(ro.client, base()), "FORBIDDEN");
+    await refusedWithoutTrace(() => create(h.client(), base()), "UNAUTHENTICATED");
+    await refusedWithoutTrace(() => create(h.operator, base()), "FORBIDDEN");
+  });
+});

@@ -1,0 +1,70 @@
+import type { Platform } from "../../infra/platform.ts";
+
+/**
+ * Everything admission can touch, counted. A refused request must leave it exactly as it was; after any
+ * sequence, usage must equal the charges of live instances and node counters the sum of their allocations.
+ */
+export async function ledger(platform: Platform) {
+  const q = <T>(sql: string) => platform.db.prisma.$queryRawUnsafe<T[]>(sql);
+  const [counts] = await q<Record<string, bigint>>(`SELECT
+      (SELECT count(*) FROM instances) AS instances, (SELECT count(*) FROM allocations) AS allocations,
+      (SELECT count(*) FROM ip_leases) AS leases, (SELECT count(*) FROM instance_events) AS events,
+      (SELECT count(*) FROM audit_log) AS audit, (SELECT count(*) FROM node_gpus WHERE allocation_id IS NOT NULL) AS gpus_held`);
+  const usage = await q<{ tenant_id: string; resource: string; used: bigint }>(
+    "SELECT tenant_id, resource, used FROM quota_usage WHERE used <> 0 ORDER BY 1, 2",
+  );
+  const nodes = await q<{ id: string; v: number; m: bigint; d: bigint; n: number }>(
+    "SELECT id, alloc_vcpus AS v, alloc_memory_mib AS m, alloc_disk_gib AS d, alloc_instances AS n FROM nodes ORDER BY id",
+  );
+  return JSON.parse(JSON.stringify({ counts, usage, nodes }, (_k, v) => (typeof v === "bigint" ? Number(v) : v)));
+}
+
+/** The invariants of ARCHITECTURE.md, checked against the rows themselves. Returns the violations found. */
+export async function invariantViolations(platform: Platform): Promise<string[]> {
+  const q = <T>(sql: string) => platform.db.prisma.$queryRawUnsafe<T[]>(sql);
+  const out: string[] = [];
+  const push = (label: string, rows: unknown[]) => {
+    if (rows.length) out.push(`${label}: ${JSON.stringify(rows, (_k, v) => (typeof v === "bigint" ? Number(v) : v))}`);
+  };
+  push(
+    "node counters differ from the sum of their allocations",
+    await q(`SELECT n.id FROM nodes n LEFT JOIN (SELECT node_id, sum(vcpus) v, sum(memory_mib) m, sum(disk_gib) d, count(*) c FROM allocations GROUP BY node_id) a ON a.node_id = n.id
+             WHERE n.alloc_vcpus <> coalesce(a.v, 0) OR n.alloc_memory_mib <> coalesce(a.m, 0) OR n.alloc_disk_gib <> coalesce(a.d, 0) OR n.alloc_instances <> coalesce(a.c, 0)`),
+  );
+  push(
+    "allocation beyond capacity",
+    await q("SELECT id FROM nodes WHERE alloc_vcpus > cap_vcpus OR alloc_memory_mib > cap_memory_mib OR alloc_disk_gib > cap_disk_gib"),
+  );
+  push(
+    "deleted instance still holds something",
+    await q(
+      `SELECT i.id FROM instances i WHERE i.state = 'deleted' AND (i.allocation_id IS NOT NULL OR NOT i.charge_released OR EXISTS (SELECT 1 FROM ip_leases l WHERE l.instance_id = i.id) OR EXISTS (SELECT 1 FROM allocations a WHERE a.instance_id = i.id))`,
+    ),
+  );
+  push(
+    "allocation without a live instance",
+    await q(`SELECT a.id FROM allocations a LEFT JOIN instances i ON i.id = a.instance_id AND i.allocation_id = a.id WHERE i.id IS NULL`),
+  );
+  push(
+    "lease without a live instance",
+    await q(`SELECT l.address FROM ip_leases l LEFT JOIN instances i ON i.id = l.instance_id AND i.state <> 'deleted' WHERE i.id IS NULL`),
+  );
+  push(
+    "GPU held by a missing allocation",
+    await q(`SELECT g.id FROM node_gpus g LEFT JOIN allocations a ON a.id = g.allocation_id WHERE g.allocation_id IS NOT NULL AND a.id IS NULL`),
+  );
+  push(
+    "quota usage differs from live charges",
+    await q(`WITH charges AS (SELECT tenant_id, c.key AS resource, sum(c.value::bigint) AS amount FROM instances, jsonb_each_text(charge) c WHERE NOT charge_released GROUP BY 1, 2)
+             SELECT coalesce(u.tenant_id, c.tenant_id) AS tenant, coalesce(u.resource, c.resource) AS resource, u.used, c.amount
+               FROM quota_usage u FULL JOIN charges c ON c.tenant_id = u.tenant_id AND c.resource = u.resource
+              WHERE coalesce(u.used, 0) <> coalesce(c.amount, 0)`),
+  );
+  push(
+    "versions without exactly one event each",
+    await q(
+      `SELECT i.id, i.version, count(e.id) FROM instances i LEFT JOIN instance_events e ON e.instance_id = i.id GROUP BY i.id, i.version HAVING count(e.id) <> i.version OR count(DISTINCT e.version) <> i.version OR max(e.version) <> i.version`,
+    ),
+  );
+  return out;
+}

@@ -1,0 +1,29 @@
+import { lockInstance, transition } from "../../core/instances.ts";
+import type { Platform } from "../../infra/platform.ts";
+
+/**
+ * What the reconciler does once a host confirms an instance gone: deleting, then deleted, which releases its
+ * allocation, lease and quota. Tests of admission use it to close the loop before the reconciler exists.
+ */
+export async function confirmDeleted(platform: Platform, id: string): Promise<void> {
+  await platform.transact(async (tx, emit) => {
+    let inst = await lockInstance(tx, null, id);
+    const ctx = { actor: "test:host", now: platform.now() };
+    if (inst.state !== "deleting") {
+      const c = await transition(tx, inst, "deleting", "host:deleting", ctx);
+      emit(c.event);
+      inst = c.instance;
+    }
+    emit((await transition(tx, inst, "deleted", "host:gone", ctx)).event);
+  });
+}
+
+/** Move an instance along a path of states, as host reports would. */
+export async function walk(platform: Platform, id: string, states: string[]): Promise<void> {
+  for (const to of states) {
+    await platform.transact(async (tx, emit) => {
+      const inst = await lockInstance(tx, null, id);
+      emit((await transition(tx, inst, to as never, `host:${to}`, { actor: "test:host", now: platform.now() })).event);
+    });
+  }
+}
