@@ -50,6 +50,13 @@ export async function startServer(platform: Platform, opts: { port?: number; hos
     landingPage: false,
     graphiql: { title: "Better Compute" },
     plugins: [invalidInputCodes],
+    // Refusals are answers, not faults: yoga's own logging would print each one; ours logs the unexpected.
+    logging: {
+      debug: () => {},
+      info: () => {},
+      warn: (...a: unknown[]) => platform.log.warn(String(a[0])),
+      error: (...a: unknown[]) => platform.log.debug(String(a[0])),
+    },
     context: async ({ request }) => {
       const requestId = request.headers.get("x-request-id") ?? randomUUID();
       counters.requests++;

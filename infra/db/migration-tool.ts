@@ -47,13 +47,12 @@ async function emptyPGlite(): Promise<PGlite> {
   const snapshot = await readFile(cacheFile).catch(() => null);
   if (snapshot) {
     const db = new PGlite({ loadDataDir: new Blob([snapshot]) });
-    if (
-      await db.waitReady.then(
-        () => true,
-        () => false,
-      )
-    )
-      return db; // else: unreadable dump, rebuild it
+    try {
+      await db.waitReady;
+      return db;
+    } catch {
+      // an unreadable dump: build a new one below
+    }
   }
   const db = new PGlite();
   await db.waitReady; // dumpDataDir before the cluster is up never settles
@@ -94,8 +93,9 @@ async function readMigrations(migrationsDir: string): Promise<MigrationList> {
   };
 }
 
-// The adapter's executeScript calls PGlite's exec without awaiting it: a failing migration would
-// become an unhandled rejection (crashing the process) rather than an error the engine reports.
+// The adapter's executeScript calls PGlite's exec without awaiting it: the engine takes a failing
+// migration for applied, prints a wrong diff, then an unhandled rejection kills the process with
+// exit 1 (which `check` would read as drift). Awaiting it makes the engine report P3006 instead.
 async function pgliteAdapter(db: PGlite): Promise<SqlDriverAdapter> {
   const adapter = await new PrismaPGlite(db).connect();
   const onError = (adapter as unknown as { onError(e: unknown): never }).onError.bind(adapter);
