@@ -1,8 +1,12 @@
+import { createRequire } from "node:module";
 import { defineConfig } from "vitest/config";
 
 export default defineConfig({
-  // One copy of graphql for the whole run: its CJS and ESM builds each define their own classes.
-  resolve: { dedupe: ["graphql"] },
+  resolve: {
+    // graphql 16 ships CJS (`main`) and ESM (`module`) builds. Node, and so Pothos and yoga, load the CJS one;
+    // vite would hand our sources the ESM one, and two copies of graphql's classes cannot share a schema.
+    alias: [{ find: /^graphql$/, replacement: createRequire(import.meta.url).resolve("graphql") }],
+  },
   test: {
     include: ["tests/**/*.test.ts"],
     globalSetup: ["tests/support/global-setup.ts"],

@@ -1,0 +1,165 @@
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import {
+  CreateApiTokenDocument,
+  CreateInstanceDocument,
+  CreatePoolDocument,
+  CreateProjectDocument,
+  CreateTenantDocument,
+  DeleteInstanceDocument,
+  ImagesDocument,
+  InstanceDocument,
+  InstancesDocument,
+  type InstancesQuery,
+  NodesDocument,
+  PoolWithNodesDocument,
+  ProjectsDocument,
+  RegisterImageDocument,
+  RevokeApiTokenDocument,
+  StopInstanceDocument,
+  TenantsDocument,
+  ViewerDocument,
+} from "../../sdk/client.ts";
+import { sha256Of } from "../support/fixtures.ts";
+import { expectCode, type Harness, startHarness } from "../support/harness.ts";
+
+let h: Harness;
+beforeAll(async () => {
+  h = await startHarness();
+});
+afterAll(() => h?.close());
+
+describe("authentication", () => {
+  it("knows who is calling", async () => {
+    expect((await h.operator.request(ViewerDocument)).viewer).toMatchObject({ isOperator: true, tenantId: null });
+    const t = await h.tenant({ scopes: ["compute:instances:read"] });
+    expect((await t.client.request(ViewerDocument)).viewer).toMatchObject({
+      isOperator: false,
+      tenantId: t.id,
+      identityId: t.identityId,
+      scopes: ["compute:instances:read"],
+    });
+  });
+
+  it("refuses a missing, unknown, revoked or expired token with UNAUTHENTICATED", async () => {
+    await expectCode(h.client().request(ViewerDocument), "UNAUTHENTICATED");
+    await expectCode(h.client("bct_made_up").request(ViewerDocument), "UNAUTHENTICATED");
+    const t = await h.tenant();
+    const { createApiToken } = await h.operator.request(CreateApiTokenDocument, { input: { tenantId: t.id, name: "short" } });
+    await h.operator.request(RevokeApiTokenDocument, { id: createApiToken.apiToken.id });
+    await expectCode(h.client(createApiToken.token).request(ViewerDocument), "UNAUTHENTICATED");
+    const soon = new Date(Date.now() + 1500).toISOString();
+    const { createApiToken: expiring } = await h.operator.request(CreateApiTokenDocument, { input: { tenantId: t.id, name: "expiring", expiresAt: soon } });
+    expect((await h.client(expiring.token).request(ViewerDocument)).viewer.tenantId).toBe(t.id);
+    // Wait for the expiry instant itself (bounded), not a fixed sleep.
+    await expect
+      .poll(
+        () =>
+          h
+            .client(expiring.token)
+            .request(ViewerDocument)
+            .then(
+              () => "ok",
+              (e) => e.code,
+            ),
+        { timeout: 5000, interval: 100 },
+      )
+      .toBe("UNAUTHENTICATED");
+  });
+
+  it("stores only a hash of each token", async () => {
+    const t = await h.tenant();
+    const row = await h.platform.db.prisma.apiToken.findFirstOrThrow({ where: { identity: { tenantId: t.id } } });
+    expect(row.tokenHash).toMatch(/^[0-9a-f]{64}$/);
+    expect(JSON.stringify(row)).not.toContain(t.token);
+  });
+
+  it("keeps operator actions for operators: FORBIDDEN for tenants", async () => {
+    const t = await h.tenant();
+    await expectCode(t.client.request(CreateTenantDocument, { input: { name: "evil" } }), "FORBIDDEN");
+    await expectCode(t.client.request(CreateApiTokenDocument, { input: { tenantId: t.id, name: "more" } }), "FORBIDDEN");
+    await expectCode(t.client.request(CreatePoolDocument, { input: { name: "mine", class: "VPS_HOST", ipv4Range: "10.0.0.0/24" } }), "FORBIDDEN");
+    await expectCode(t.client.request(TenantsDocument), "FORBIDDEN");
+    const pool = await h.hostedPool();
+    await expectCode(t.client.request(NodesDocument, { poolId: pool.poolId }), "FORBIDDEN");
+    await expectCode(t.client.request(PoolWithNodesDocument, { id: pool.poolId }), "FORBIDDEN");
+    await expectCode(
+      t.client.request(RegisterImageDocument, {
+        input: { name: "pub", source: "https://x.invalid/a.raw", sha256: sha256Of("c"), format: "RAW", public: true },
+      }),
+      "FORBIDDEN",
+    );
+  });
+
+  it("refuses unknown scopes when minting a token", async () => {
+    const t = await h.tenant();
+    await expectCode(h.operator.request(CreateApiTokenDocument, { input: { tenantId: t.id, name: "x", scopes: ["compute:everything"] } }), "INVALID_INPUT");
+    await expectCode(h.operator.request(CreateApiTokenDocument, { input: { tenantId: "ten_nope", name: "x" } }), "NOT_FOUND");
+  });
+});
+
+describe("tenant isolation", () => {
+  it("shows another tenant's objects as absent, never as forbidden", async () => {
+    const [a, b] = [await h.tenant(), await h.tenant()];
+    const pool = await h.hostedPool();
+    const inst = (
+      await a.client.request(CreateInstanceDocument, { input: { poolId: pool.poolId, flavor: "small", imageId: pool.imageId, userData: "secret-a" } })
+    ).createInstance;
+    expect((await b.client.request(InstanceDocument, { id: inst.id })).instance).toBeNull();
+    await expectCode(b.client.request(StopInstanceDocument, { id: inst.id }), "NOT_FOUND");
+    await expectCode(b.client.request(DeleteInstanceDocument, { id: inst.id }), "NOT_FOUND");
+    expect((await b.client.request(InstancesDocument, { owner: "TENANT" })).instances.edges).toEqual([]);
+    await expectCode(b.client.request(InstancesDocument, { owner: "ALL" }), "INVALID_INPUT");
+    const { registerImage } = await a.client.request(RegisterImageDocument, {
+      input: { name: "a-only", source: "https://x.invalid/a.raw", sha256: sha256Of("d"), format: "RAW" },
+    });
+    expect((await b.client.request(ImagesDocument)).images.map((i) => i.id)).not.toContain(registerImage.id);
+    expect((await a.client.request(ImagesDocument)).images.map((i) => i.id)).toContain(registerImage.id);
+    await a.client.request(CreateProjectDocument, { name: "a-proj" });
+    expect((await b.client.request(ProjectsDocument, {})).projects).toEqual([]);
+  });
+
+  it("returns user data in clear to its owner only", async () => {
+    const a = await h.tenant();
+    const pool = await h.hostedPool();
+    const inst = (
+      await a.client.request(CreateInstanceDocument, {
+        input: { poolId: pool.poolId, flavor: "small", imageId: pool.imageId, userData: "#cloud-config\nsecret: 1" },
+      })
+    ).createInstance;
+    expect((await a.client.request(InstanceDocument, { id: inst.id })).instance?.userData).toBe("#cloud-config\nsecret: 1");
+    // A colleague in the same tenant sees the instance but not the user data; neither does the operator.
+    const { createApiToken } = await h.operator.request(CreateApiTokenDocument, { input: { tenantId: a.id, name: "colleague" } });
+    const colleague = h.client(createApiToken.token);
+    const seen = (await colleague.request(InstanceDocument, { id: inst.id })).instance;
+    expect(seen?.id).toBe(inst.id);
+    expect(seen?.userData).toBeNull();
+    expect((await h.operator.request(InstanceDocument, { id: inst.id })).instance?.userData).toBeNull();
+  });
+
+  it("lists the caller's own by default, the tenant's on request, pages with a stable cursor", async () => {
+    const a = await h.tenant();
+    const pool = await h.hostedPool();
+    const { createApiToken } = await h.operator.request(CreateApiTokenDocument, { input: { tenantId: a.id, name: "second" } });
+    const second = h.client(createApiToken.token);
+    const mine: string[] = [];
+    for (let i = 0; i < 5; i++)
+      mine.push(
+        (await a.client.request(CreateInstanceDocument, { input: { poolId: pool.poolId, flavor: "small", imageId: pool.imageId, idempotencyKey: `m${i}` } }))
+          .createInstance.id,
+      );
+    await second.request(CreateInstanceDocument, { input: { poolId: pool.poolId, flavor: "small", imageId: pool.imageId } });
+    const seen: string[] = [];
+    let after: string | null = null;
+    for (let page = 0; page < 5; page++) {
+      const res: InstancesQuery = await a.client.request(InstancesDocument, { first: 2, after });
+      seen.push(...res.instances.edges.map((e) => e.node.id));
+      after = res.instances.pageInfo.endCursor;
+      if (!res.instances.pageInfo.hasNextPage) break;
+    }
+    expect(seen.sort()).toEqual([...mine].sort());
+    expect((await a.client.request(InstancesDocument, { owner: "TENANT" })).instances.edges).toHaveLength(6);
+    expect((await a.client.request(InstancesDocument, { poolId: pool.poolId, state: "RUNNING" })).instances.edges).toHaveLength(0);
+    await expectCode(a.client.request(InstancesDocument, { after: "garbage" }), "INVALID_INPUT");
+    await expectCode(a.client.request(InstancesDocument, { first: 0 }), "INVALID_INPUT");
+  });
+});

@@ -1,0 +1,76 @@
+import { Queue } from "bullmq";
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import type { InstanceEventMessage } from "../../core/events.ts";
+import { openBus } from "../../infra/bus.ts";
+import { queueName } from "../../infra/jobs.ts";
+import { CreateInstanceDocument, StartInstanceDocument, StopInstanceDocument } from "../../sdk/client.ts";
+import { expectCode, type Harness, redisUrl, startHarness } from "../support/harness.ts";
+
+let h: Harness;
+let queue: Queue;
+beforeAll(async () => {
+  h = await startHarness();
+  queue = new Queue(queueName("vps.instances"), { connection: { url: redisUrl }, prefix: h.redisPrefix });
+});
+afterAll(async () => {
+  await queue?.close();
+  await h?.close();
+});
+
+describe("after commit", () => {
+  it("publishes each change over Redis and wakes the reconciler once per instance", async () => {
+    // A second process's view: its own Redis connections on the same prefix.
+    const bus = await openBus({ redisUrl, prefix: h.redisPrefix });
+    const seen: InstanceEventMessage[] = [];
+    const sub = bus.subscribe("instanceEvents");
+    const reading = (async () => {
+      for await (const m of sub) seen.push(m);
+    })();
+    // Subscribing is asynchronous: publish probes until the subscription is live.
+    const probe: InstanceEventMessage = {
+      cursor: "0",
+      instanceId: "probe",
+      tenantId: "",
+      poolId: "",
+      projectId: null,
+      fromState: null,
+      toState: "pending",
+      version: 0,
+    };
+    await expect
+      .poll(
+        () => {
+          h.platform.bus.publish("instanceEvents", probe);
+          return seen.length;
+        },
+        { timeout: 5000, interval: 50 },
+      )
+      .toBeGreaterThan(0);
+
+    const t = await h.tenant();
+    const pool = await h.hostedPool();
+    const inst = (await t.client.request(CreateInstanceDocument, { input: { poolId: pool.poolId, flavor: "small", imageId: pool.imageId } })).createInstance;
+    await t.client.request(StopInstanceDocument, { id: inst.id });
+    await t.client.request(StartInstanceDocument, { id: inst.id });
+    const mine = () => seen.filter((m) => m.instanceId === inst.id);
+    await expect.poll(() => mine().length, { timeout: 5000, interval: 20 }).toBe(3);
+    await sub.return?.();
+    await reading;
+    await bus.close();
+    const rows = await h.platform.db.prisma.instanceEvent.findMany({ where: { instanceId: inst.id }, orderBy: { version: "asc" } });
+    expect(mine().map((m) => [m.instanceId, m.version, m.cursor])).toEqual(rows.map((r) => [inst.id, r.version, r.id.toString()]));
+
+    // Three changes, one waiting job: the job id is the instance id.
+    const job = await queue.getJob(inst.id);
+    expect(job?.data).toEqual({ instanceId: inst.id });
+    expect(await queue.getWaitingCount()).toBe(1);
+  });
+
+  it("publishes nothing and wakes nothing for a refused request", async () => {
+    const t = await h.tenant({ quota: { instances: 0 } });
+    const pool = await h.hostedPool();
+    const before = await queue.getWaitingCount();
+    await expectCode(t.client.request(CreateInstanceDocument, { input: { poolId: pool.poolId, flavor: "small", imageId: pool.imageId } }), "QUOTA_EXCEEDED");
+    expect(await queue.getWaitingCount()).toBe(before);
+  });
+});
