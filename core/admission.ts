@@ -133,7 +133,7 @@ export async function admitInstance(tx: Tx, deps: AdmissionDeps, caller: Caller,
     placement = await place(tx, deps.ids, { poolId: pool.id, tenantId: caller.tenantId, instanceId: id, shape, singleTenant });
   }
   await chargeQuota(tx, caller.tenantId, charge);
-  if (hosted) addresses.push(await leaseAddress(tx, pool.id, id));
+  if (hosted) addresses.push(await leaseAddress(tx, pool.id, id, now));
 
   const inst = await tx.instance.update({
     where: { id },

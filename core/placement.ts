@@ -50,17 +50,32 @@ export async function place(tx: Tx, ids: IdSource, req: PlaceRequest): Promise<P
               n.cap_memory_mib - n.alloc_memory_mib ASC, n.id
      LIMIT ${CANDIDATES}`;
 
+  // First pass: skip nodes another create holds, so concurrent creates spread instead of queueing on one
+  // row. Second pass: wait for the busy ones, so a node that still fits is never reported full.
+  const busy: string[] = [];
   for (const { id: nodeId } of candidates) {
-    const placed = await tryNode(tx, ids, req, nodeId);
-    if (placed) return placed;
+    const placed = await tryNode(tx, ids, req, nodeId, false);
+    if (placed === "busy") busy.push(nodeId);
+    else if (placed) return placed;
+  }
+  for (const nodeId of busy) {
+    const placed = await tryNode(tx, ids, req, nodeId, true);
+    if (placed && placed !== "busy") return placed;
   }
   throw await unschedulable(tx, req);
 }
 
-async function tryNode(tx: Tx, ids: IdSource, req: PlaceRequest, nodeId: string): Promise<Placement | null> {
+async function tryNode(tx: Tx, ids: IdSource, req: PlaceRequest, nodeId: string, wait: boolean): Promise<Placement | null | "busy"> {
   const { shape } = req;
   // A savepoint lets a node whose GPUs went short after the counters were claimed be given back whole.
   await tx.$executeRawUnsafe("SAVEPOINT place_node");
+  if (!wait) {
+    const free = await tx.$queryRaw<unknown[]>`SELECT 1 FROM nodes WHERE id = ${nodeId} FOR UPDATE SKIP LOCKED`;
+    if (free.length === 0) {
+      await tx.$executeRawUnsafe("ROLLBACK TO SAVEPOINT place_node");
+      return "busy";
+    }
+  }
   const claimed = await tx.$executeRaw`
     UPDATE nodes SET alloc_vcpus = alloc_vcpus + ${shape.vcpus},
                      alloc_memory_mib = alloc_memory_mib + ${shape.memoryMib},

@@ -4,6 +4,7 @@ import type { Tx } from "./db.ts";
 import { AppError, invalid, notFound } from "./errors.ts";
 import type { IdSource } from "./ids.ts";
 import { leasableCount, parseRange } from "./ipam.ts";
+import { createAddresses } from "./leases.ts";
 import type { ProviderDefinition } from "./providers.ts";
 import { gpuClaim, parseInput } from "./shapes.ts";
 
@@ -59,9 +60,10 @@ export async function createPool(tx: Tx, ctx: Ctx & { runtime: string }, raw: z.
     },
   });
   if (range) {
-    await tx.ipPool.create({
+    const ipPool = await tx.ipPool.create({
       data: { id: ctx.ids("ipp"), poolId: pool.id, cidr: range.cidr, network: BigInt(range.network), prefix: range.prefix, gatewayOffset: range.gatewayOffset },
     });
+    await createAddresses(tx, ipPool.id, range);
   }
   await audit(tx, {
     actorId: ctx.actor,
@@ -75,9 +77,9 @@ export async function createPool(tx: Tx, ctx: Ctx & { runtime: string }, raw: z.
 }
 
 export async function ipamOf(tx: Tx, poolId: string) {
-  const ip = await tx.ipPool.findUnique({ where: { poolId }, include: { _count: { select: { leases: true } } } });
+  const ip = await tx.ipPool.findUnique({ where: { poolId }, include: { _count: { select: { addresses: { where: { instanceId: { not: null } } } } } } });
   if (!ip) return null;
-  return { range: ip.cidr, total: leasableCount({ size: 2 ** (32 - ip.prefix) }), used: ip._count.leases };
+  return { range: ip.cidr, total: leasableCount({ size: 2 ** (32 - ip.prefix) }), used: ip._count.addresses };
 }
 
 export const capacityInput = z.object({

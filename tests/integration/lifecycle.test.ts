@@ -212,7 +212,7 @@ describe("quota balance", () => {
         }
         const usage = await h.platform.db.prisma.quotaUsage.findMany({ where: { tenantId: t.id } });
         expect(usage.every((u) => u.used === 0n)).toBe(true);
-        expect(await h.platform.db.prisma.ipLease.count({ where: { ipPool: { poolId: pool.poolId } } })).toBe(0);
+        expect(await h.platform.db.prisma.ipAddress.count({ where: { ipPool: { poolId: pool.poolId }, instanceId: { not: null } } })).toBe(0);
         expect(await invariantViolations(h.platform)).toEqual([]);
       }),
       { numRuns: 8, seed: 4242 },

@@ -8,7 +8,7 @@ export async function ledger(platform: Platform) {
   const q = <T>(sql: string) => platform.db.prisma.$queryRawUnsafe<T[]>(sql);
   const [counts] = await q<Record<string, bigint>>(`SELECT
       (SELECT count(*) FROM instances) AS instances, (SELECT count(*) FROM allocations) AS allocations,
-      (SELECT count(*) FROM ip_leases) AS leases, (SELECT count(*) FROM instance_events) AS events,
+      (SELECT count(*) FROM ip_addresses WHERE instance_id IS NOT NULL) AS leases, (SELECT count(*) FROM instance_events) AS events,
       (SELECT count(*) FROM audit_log) AS audit, (SELECT count(*) FROM node_gpus WHERE allocation_id IS NOT NULL) AS gpus_held`);
   const usage = await q<{ tenant_id: string; resource: string; used: bigint }>(
     "SELECT tenant_id, resource, used FROM quota_usage WHERE used <> 0 ORDER BY 1, 2",
@@ -38,7 +38,7 @@ export async function invariantViolations(platform: Platform): Promise<string[]>
   push(
     "deleted instance still holds something",
     await q(
-      `SELECT i.id FROM instances i WHERE i.state = 'deleted' AND (i.allocation_id IS NOT NULL OR NOT i.charge_released OR EXISTS (SELECT 1 FROM ip_leases l WHERE l.instance_id = i.id) OR EXISTS (SELECT 1 FROM allocations a WHERE a.instance_id = i.id))`,
+      `SELECT i.id FROM instances i WHERE i.state = 'deleted' AND (i.allocation_id IS NOT NULL OR NOT i.charge_released OR EXISTS (SELECT 1 FROM ip_addresses l WHERE l.instance_id = i.id) OR EXISTS (SELECT 1 FROM allocations a WHERE a.instance_id = i.id))`,
     ),
   );
   push(
@@ -47,7 +47,9 @@ export async function invariantViolations(platform: Platform): Promise<string[]>
   );
   push(
     "lease without a live instance",
-    await q(`SELECT l.address FROM ip_leases l LEFT JOIN instances i ON i.id = l.instance_id AND i.state <> 'deleted' WHERE i.id IS NULL`),
+    await q(
+      `SELECT l.address FROM ip_addresses l LEFT JOIN instances i ON i.id = l.instance_id AND i.state <> 'deleted' WHERE l.instance_id IS NOT NULL AND i.id IS NULL`,
+    ),
   );
   push(
     "GPU held by a missing allocation",

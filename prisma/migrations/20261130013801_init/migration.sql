@@ -98,14 +98,14 @@ CREATE TABLE "ip_pools" (
 );
 
 -- CreateTable
-CREATE TABLE "ip_leases" (
+CREATE TABLE "ip_addresses" (
     "ip_pool_id" TEXT NOT NULL,
     "offset" INTEGER NOT NULL,
     "address" TEXT NOT NULL,
-    "instance_id" TEXT NOT NULL,
-    "created_at" TIMESTAMPTZ(3) NOT NULL DEFAULT CURRENT_TIMESTAMP,
+    "instance_id" TEXT,
+    "leased_at" TIMESTAMPTZ(3),
 
-    CONSTRAINT "ip_leases_pkey" PRIMARY KEY ("ip_pool_id","offset")
+    CONSTRAINT "ip_addresses_pkey" PRIMARY KEY ("ip_pool_id","offset")
 );
 
 -- CreateTable
@@ -274,7 +274,7 @@ CREATE UNIQUE INDEX "pools_name_key" ON "pools"("name");
 CREATE UNIQUE INDEX "ip_pools_pool_id_key" ON "ip_pools"("pool_id");
 
 -- CreateIndex
-CREATE UNIQUE INDEX "ip_leases_instance_id_key" ON "ip_leases"("instance_id");
+CREATE UNIQUE INDEX "ip_addresses_instance_id_key" ON "ip_addresses"("instance_id");
 
 -- CreateIndex
 CREATE UNIQUE INDEX "nodes_pool_id_name_key" ON "nodes"("pool_id", "name");
@@ -340,7 +340,7 @@ ALTER TABLE "pools" ADD CONSTRAINT "pools_provider_account_id_fkey" FOREIGN KEY 
 ALTER TABLE "ip_pools" ADD CONSTRAINT "ip_pools_pool_id_fkey" FOREIGN KEY ("pool_id") REFERENCES "pools"("id") ON DELETE CASCADE ON UPDATE CASCADE;
 
 -- AddForeignKey
-ALTER TABLE "ip_leases" ADD CONSTRAINT "ip_leases_ip_pool_id_fkey" FOREIGN KEY ("ip_pool_id") REFERENCES "ip_pools"("id") ON DELETE CASCADE ON UPDATE CASCADE;
+ALTER TABLE "ip_addresses" ADD CONSTRAINT "ip_addresses_ip_pool_id_fkey" FOREIGN KEY ("ip_pool_id") REFERENCES "ip_pools"("id") ON DELETE CASCADE ON UPDATE CASCADE;
 
 -- AddForeignKey
 ALTER TABLE "nodes" ADD CONSTRAINT "nodes_pool_id_fkey" FOREIGN KEY ("pool_id") REFERENCES "pools"("id") ON DELETE CASCADE ON UPDATE CASCADE;
@@ -375,4 +375,6 @@ ALTER TABLE "nodes" ADD CONSTRAINT "nodes_alloc_within_capacity" CHECK (
   alloc_vcpus >= 0 AND alloc_memory_mib >= 0 AND alloc_disk_gib >= 0 AND alloc_instances >= 0
   AND alloc_vcpus <= cap_vcpus AND alloc_memory_mib <= cap_memory_mib AND alloc_disk_gib <= cap_disk_gib);
 ALTER TABLE "quota_usage" ADD CONSTRAINT "quota_usage_not_negative" CHECK (used >= 0);
-ALTER TABLE "ip_leases" ADD CONSTRAINT "ip_leases_offset_positive" CHECK ("offset" > 0);
+
+-- Free addresses, lowest first, for leasing: a partial index Prisma's schema language cannot express.
+CREATE INDEX "ip_addresses_free_idx" ON "ip_addresses" ("ip_pool_id", "offset") WHERE "instance_id" IS NULL;
