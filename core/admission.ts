@@ -1,15 +1,15 @@
 import { z } from "zod";
-import { audit } from "./audit.ts";
-import type { Prisma, Tx } from "./db.ts";
 import { AppError, invalid, notFound } from "./errors.ts";
-import { type InstanceEventMessage, recordEvent } from "./events.ts";
+import type { InstanceEventMessage } from "./events.ts";
 import { type IdSource, instanceId, sha256Hex } from "./ids.ts";
 import type { ImageResolver, ResolvedImage } from "./images.ts";
+import { eventMessage, type InstanceRow } from "./instances.ts";
 import { leaseAddress } from "./leases.ts";
 import { type Placement, place } from "./placement.ts";
 import { chargeQuota } from "./quota.ts";
 import type { Sealer } from "./seal.ts";
 import { chargeOf, parseInput, type Shape, shape as shapeSchema } from "./shapes.ts";
+import { INSTANCE_COLUMNS, type Sql } from "./sql.ts";
 import { sshPublicKey } from "./ssh.ts";
 
 export const MAX_USER_DATA = 64 * 1024;
@@ -48,7 +48,7 @@ export interface Caller {
 }
 
 export interface Admitted {
-  instanceId: string;
+  instance: InstanceRow;
   /** null on a replay: nothing changed, nothing to publish. */
   event: InstanceEventMessage | null;
 }
@@ -56,8 +56,9 @@ export interface Admitted {
 /**
  * Admit a create in the caller's transaction: idempotency, image, flavor, placement, quota, address, the
  * instance row, its first event and the audit row. Any refusal throws and the transaction leaves no trace.
+ * Seven statements on the common path; each one is a guarded write or a lookup that cannot be merged.
  */
-export async function admitInstance(tx: Tx, deps: AdmissionDeps, caller: Caller, raw: CreateInstanceInput): Promise<Admitted> {
+export async function admitInstance(sql: Sql, deps: AdmissionDeps, caller: Caller, raw: CreateInstanceInput): Promise<Admitted> {
   const input = parseInput(createInput, raw);
   const key = input.idempotencyKey ?? deps.newIdempotencyKey();
   const id = instanceId(caller.tenantId, caller.identityId, key);
@@ -65,89 +66,106 @@ export async function admitInstance(tx: Tx, deps: AdmissionDeps, caller: Caller,
     JSON.stringify([input.poolId, input.flavor, input.imageId, input.sshKeys, input.userData ?? null, input.projectId ?? null, input.desiredState]),
   );
 
-  // Identical creates queue here rather than racing to the primary key and rolling back their claims.
-  await tx.$executeRaw`SELECT pg_advisory_xact_lock(hashtextextended(${id}, 0))`;
-  const existing = await tx.instance.findUnique({ where: { id }, select: { requestHash: true } });
-  if (existing) {
-    if (existing.requestHash !== requestHash) {
-      throw new AppError("CONFLICT", `idempotency key ${key} was used for a different request`, { instanceId: id });
-    }
-    return { instanceId: id, event: null };
+  // Identical creates queue here rather than racing to the primary key and rolling back their claims. The
+  // lookups are a separate statement so that their snapshot is taken after the lock is held.
+  await sql.query(`SELECT pg_advisory_xact_lock(hashtextextended($1, 0))`, [id]);
+  const [found] = await sql.query<{
+    existing: boolean;
+    sameRequest: boolean;
+    poolClass: string | null;
+    singleTenant: boolean | null;
+    flavor: (Shape & { name: string }) | null;
+    projectOk: boolean;
+  }>(
+    `SELECT i.id IS NOT NULL AS existing, i.request_hash IS NOT DISTINCT FROM $6 AS "sameRequest",
+            p.class AS "poolClass", (p.policy->>'singleTenant')::boolean AS "singleTenant",
+            (SELECT jsonb_build_object('name', f.name, 'vcpus', f.vcpus, 'memoryMib', f.memory_mib, 'diskGib', f.disk_gib, 'gpus', f.gpus)
+               FROM flavors f WHERE f.pool_id = p.id AND f.name = $3) AS flavor,
+            ($4::text IS NULL OR EXISTS (SELECT 1 FROM projects WHERE id = $4 AND tenant_id = $5)) AS "projectOk"
+       FROM (SELECT 1) one LEFT JOIN instances i ON i.id = $1 LEFT JOIN pools p ON p.id = $2`,
+    [id, input.poolId, input.flavor, input.projectId ?? null, caller.tenantId, requestHash],
+  );
+  if (found?.existing) {
+    if (!found.sameRequest) throw new AppError("CONFLICT", `idempotency key ${key} was used for a different request`, { instanceId: id });
+    const [inst] = await sql.query<InstanceRow>(`SELECT ${INSTANCE_COLUMNS} FROM instances WHERE id = $1`, [id]);
+    return { instance: inst as InstanceRow, event: null };
   }
+  if (!found?.poolClass) throw notFound("pool", input.poolId);
+  if (found.poolClass !== "vps-host" && found.poolClass !== "provider")
+    throw invalid(`pool ${input.poolId} is a ${found.poolClass} pool: instances need vps-host or provider`);
+  if (!found.projectOk) throw notFound("project", input.projectId as string);
+  if (!found.flavor) throw notFound("flavor", `${input.flavor} in pool ${input.poolId}`);
+  const shape: Shape = parseInput(shapeSchema, found.flavor, "flavor");
 
-  const pool = await tx.pool.findUnique({ where: { id: input.poolId } });
-  if (!pool) throw notFound("pool", input.poolId);
-  if (pool.class !== "vps-host" && pool.class !== "provider") throw invalid(`pool ${pool.id} is a ${pool.class} pool: instances need vps-host or provider`);
-  if (input.projectId) {
-    const project = await tx.project.findFirst({ where: { id: input.projectId, tenantId: caller.tenantId }, select: { id: true } });
-    if (!project) throw notFound("project", input.projectId);
-  }
-  const flavor = await tx.flavor.findUnique({ where: { poolId_name: { poolId: pool.id, name: input.flavor } } });
-  if (!flavor) throw notFound("flavor", `${input.flavor} in pool ${pool.id}`);
-  const shape: Shape = parseInput(shapeSchema, { ...flavor, gpus: flavor.gpus }, "flavor");
-
-  const hosted = pool.class === "vps-host";
+  const hosted = found.poolClass === "vps-host";
   let image: ResolvedImage | undefined;
   if (hosted) {
-    image = await deps.images.resolve(tx, caller.tenantId, input.imageId);
+    image = await deps.images.resolve(sql, caller.tenantId, input.imageId);
     if (!image) throw notFound("image", input.imageId);
   }
 
-  // The instance row first: the allocation and the lease point at it.
-  const charge = chargeOf(shape);
-  const now = deps.now();
-  await tx.instance.create({
-    data: {
-      id,
-      tenantId: caller.tenantId,
-      poolId: pool.id,
-      projectId: input.projectId ?? null,
-      ownerIdentityId: caller.identityId,
-      idempotencyKey: key,
-      requestHash,
-      flavor: flavor.name,
-      vcpus: shape.vcpus,
-      memoryMib: shape.memoryMib,
-      diskGib: shape.diskGib,
-      gpus: shape.gpus,
-      imageId: input.imageId,
-      imageUrl: image?.url ?? null,
-      imageSha256: image?.sha256 ?? null,
-      imageFormat: image?.format ?? null,
-      imageVerified: image?.verified ?? false,
-      sshKeys: input.sshKeys,
-      userDataSealed: input.userData === undefined ? null : deps.sealer.seal(input.userData, id),
-      runtime: hosted ? (deps.runtimes[0] ?? null) : null,
-      state: "pending",
-      desiredState: input.desiredState,
-      charge,
-      createdAt: now,
-      updatedAt: now,
-    },
-  });
-
   let placement: Placement | undefined;
   const addresses: string[] = [];
-  if (hosted) {
-    const singleTenant = (pool.policy as { singleTenant?: boolean }).singleTenant === true;
-    placement = await place(tx, deps.ids, { poolId: pool.id, tenantId: caller.tenantId, instanceId: id, shape, singleTenant });
-  }
-  await chargeQuota(tx, caller.tenantId, charge);
-  if (hosted) addresses.push(await leaseAddress(tx, pool.id, id, now));
+  const charge = chargeOf(shape);
+  const now = deps.now();
+  if (hosted)
+    placement = await place(sql, deps.ids, {
+      poolId: input.poolId,
+      tenantId: caller.tenantId,
+      instanceId: id,
+      shape,
+      singleTenant: found.singleTenant === true,
+    });
+  await chargeQuota(sql, caller.tenantId, charge);
+  if (hosted) addresses.push(await leaseAddress(sql, input.poolId, id, now));
 
-  const inst = await tx.instance.update({
-    where: { id },
-    data: { nodeId: placement?.nodeId ?? null, allocationId: placement?.allocationId ?? null, addresses },
-  });
-  const event = await recordEvent(tx, inst, { from: null, reason: "created", actor: caller.identityId, at: now });
-  await audit(tx, {
-    actorId: caller.identityId,
-    tenantId: caller.tenantId,
-    action: "createInstance",
-    targetId: id,
-    requestId: caller.requestId ?? null,
-    details: { poolId: pool.id, flavor: flavor.name, nodeId: placement?.nodeId ?? null, addresses } satisfies Prisma.InputJsonValue,
-    at: now,
-  });
-  return { instanceId: id, event };
+  const details = { poolId: input.poolId, flavor: shape, nodeId: placement?.nodeId ?? null, addresses };
+  const [row] = await sql.query<InstanceRow & { eventId: string }>(
+    `WITH i AS (
+       INSERT INTO instances (id, tenant_id, pool_id, project_id, owner_identity_id, idempotency_key, request_hash, flavor, vcpus,
+         memory_mib, disk_gib, gpus, image_id, image_url, image_sha256, image_format, image_verified, ssh_keys, user_data_sealed,
+         runtime, state, desired_state, node_id, allocation_id, addresses, charge, version, created_at, updated_at)
+       VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12::jsonb, $13, $14, $15, $16, $17, $18::text[], $19, $20, 'pending', $21,
+         $22, $23, $24::text[], $25::jsonb, 1, $26, $26)
+       RETURNING *),
+     e AS (
+       INSERT INTO instance_events (instance_id, tenant_id, pool_id, project_id, from_state, to_state, desired_state, reason, actor, version, at)
+       SELECT id, tenant_id, pool_id, project_id, NULL, state, desired_state, 'created', $5, 1, $26 FROM i RETURNING id),
+     a AS (
+       INSERT INTO audit_log (actor_id, tenant_id, action, target_id, request_id, details, at)
+       SELECT $5, $2, 'createInstance', id, $27, $28::jsonb, $26 FROM i)
+     SELECT ${INSTANCE_COLUMNS}, (SELECT id::text FROM e) AS "eventId" FROM i`,
+    [
+      id,
+      caller.tenantId,
+      input.poolId,
+      input.projectId ?? null,
+      caller.identityId,
+      key,
+      requestHash,
+      found.flavor.name,
+      shape.vcpus,
+      shape.memoryMib,
+      shape.diskGib,
+      JSON.stringify(shape.gpus),
+      input.imageId,
+      image?.url ?? null,
+      image?.sha256 ?? null,
+      image?.format ?? null,
+      image?.verified ?? false,
+      input.sshKeys,
+      input.userData === undefined ? null : Buffer.from(deps.sealer.seal(input.userData, id)),
+      hosted ? (deps.runtimes[0] ?? null) : null,
+      input.desiredState,
+      placement?.nodeId ?? null,
+      placement?.allocationId ?? null,
+      addresses,
+      JSON.stringify(charge),
+      now,
+      caller.requestId ?? null,
+      JSON.stringify(details),
+    ],
+  );
+  const { eventId, ...instance } = row as InstanceRow & { eventId: string };
+  return { instance, event: eventMessage(instance, null, eventId) };
 }

@@ -1,4 +1,5 @@
-import type { Prisma, Tx } from "./db.ts";
+import type { Tx } from "./db.ts";
+import { prismaSql, type Sql } from "./sql.ts";
 
 export interface AuditEntry {
   actorId: string;
@@ -6,21 +7,20 @@ export interface AuditEntry {
   action: string;
   targetId?: string | null;
   requestId?: string | null;
-  details?: Prisma.InputJsonValue;
+  details?: unknown;
   at: Date;
 }
 
 /** One row per mutation that changed something, written in the same transaction as the change. */
-export async function audit(tx: Tx, e: AuditEntry): Promise<void> {
-  await tx.auditLog.create({
-    data: {
-      actorId: e.actorId,
-      tenantId: e.tenantId ?? null,
-      action: e.action,
-      targetId: e.targetId ?? null,
-      requestId: e.requestId ?? null,
-      details: e.details ?? {},
-      at: e.at,
-    },
-  });
+export async function audit(db: Sql | Tx, e: AuditEntry): Promise<void> {
+  const sql = "query" in db ? db : prismaSql(db);
+  await sql.query(`INSERT INTO audit_log (actor_id, tenant_id, action, target_id, request_id, details, at) VALUES ($1, $2, $3, $4, $5, $6::jsonb, $7)`, [
+    e.actorId,
+    e.tenantId ?? null,
+    e.action,
+    e.targetId ?? null,
+    e.requestId ?? null,
+    JSON.stringify(e.details ?? {}),
+    e.at,
+  ]);
 }

@@ -4,6 +4,7 @@ import { forbidden } from "./errors.ts";
 import type { IdSource } from "./ids.ts";
 import type { Principal } from "./principal.ts";
 import { parseInput } from "./shapes.ts";
+import type { Sql } from "./sql.ts";
 
 export type ImageFormat = "raw" | "qcow2" | "iso";
 
@@ -15,19 +16,23 @@ export interface ResolvedImage {
   verified: boolean;
 }
 
-/** Turns the imageId a tenant named into an image, or undefined when that tenant cannot see it. */
+/**
+ * Turns the imageId a tenant named into an image, or undefined when that tenant cannot see it. It runs in
+ * the admission transaction, with that transaction's `query`.
+ */
 export interface ImageResolver {
-  resolve(tx: Tx, tenantId: string, imageId: string): Promise<ResolvedImage | undefined>;
+  resolve(tx: Sql, tenantId: string, imageId: string): Promise<ResolvedImage | undefined>;
 }
 
 /** The default resolver: the images table, the tenant's own images and public ones. */
 export const tableImages: ImageResolver = {
   async resolve(tx, tenantId, imageId) {
-    const image = await tx.image.findFirst({
-      where: { id: imageId, deletedAt: null, OR: [{ tenantId }, { visibility: "public" }] },
-      select: { source: true, sha256: true, format: true, verified: true },
-    });
-    return image ? { url: image.source, sha256: image.sha256, format: image.format as ImageFormat, verified: image.verified } : undefined;
+    const [image] = await tx.query<ResolvedImage>(
+      `SELECT source AS url, sha256, format, verified FROM images
+        WHERE id = $1 AND deleted_at IS NULL AND (tenant_id = $2 OR visibility = 'public')`,
+      [imageId, tenantId],
+    );
+    return image;
   },
 };
 

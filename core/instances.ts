@@ -1,16 +1,17 @@
+import type { Instance } from "../prisma/generated/client.ts";
 import { audit } from "./audit.ts";
-import type { Prisma, Tx } from "./db.ts";
 import { AppError, invalid, notFound } from "./errors.ts";
-import { type InstanceEventMessage, recordEvent } from "./events.ts";
+import type { InstanceEventMessage } from "./events.ts";
 import type { IdSource } from "./ids.ts";
 import { releaseLease } from "./leases.ts";
 import { place, releaseAllocation } from "./placement.ts";
 import { type Principal, visibleTo } from "./principal.ts";
 import { type Charge, chargeQuota, releaseQuota } from "./quota.ts";
 import { chargeOf, gpuCount, parseInput, type Shape, shape as shapeSchema } from "./shapes.ts";
+import { INSTANCE_COLUMNS, type Sql } from "./sql.ts";
 import { assertTransition, type DesiredState, type InstanceState } from "./state.ts";
 
-export type InstanceRow = Prisma.InstanceGetPayload<object>;
+export type InstanceRow = Instance;
 
 export interface Change {
   instance: InstanceRow;
@@ -18,116 +19,173 @@ export interface Change {
   event: InstanceEventMessage | null;
 }
 
-interface Ctx {
+export interface Ctx {
   actor: string;
   requestId?: string | null;
   now: Date;
 }
 
 /** Lock an instance row for the rest of the transaction, as the caller may see it. */
-export async function lockInstance(tx: Tx, who: Principal | null, id: string): Promise<InstanceRow> {
-  const [row] = await tx.$queryRaw<{ id: string }[]>`SELECT id FROM instances WHERE id = ${id} FOR UPDATE`;
-  const inst = row ? await tx.instance.findUnique({ where: { id } }) : null;
+export async function lockInstance(sql: Sql, who: Principal | null, id: string): Promise<InstanceRow> {
+  const [inst] = await sql.query<InstanceRow>(`SELECT ${INSTANCE_COLUMNS} FROM instances WHERE id = $1 FOR UPDATE`, [id]);
   if (!inst || (who && !visibleTo(who, inst.tenantId))) throw notFound("instance", id);
   return inst;
 }
 
-/** Bump the version and write exactly one event for it. `state` moves only along the table. */
-async function commitChange(tx: Tx, inst: InstanceRow, data: Prisma.InstanceUpdateInput, reason: string, ctx: Ctx): Promise<Change> {
-  const to = (data.state as InstanceState | undefined) ?? (inst.state as InstanceState);
+/** Columns a change may set, and how each is bound (jsonb values are sent as JSON text). */
+const settable = {
+  state: "text",
+  desired_state: "text",
+  flavor: "text",
+  vcpus: "int",
+  memory_mib: "int",
+  disk_gib: "int",
+  gpus: "jsonb",
+  charge: "jsonb",
+  charge_released: "boolean",
+  allocation_id: "text",
+  node_id: "text",
+  addresses: "text[]",
+  conditions: "jsonb",
+} as const;
+export type InstanceSet = Partial<Record<keyof typeof settable, unknown>>;
+
+/**
+ * Apply one change to a locked instance: bump `version`, write its one event and, for requests, the audit row,
+ * all in one statement. `state` moves only along the table.
+ */
+export async function writeChange(
+  sql: Sql,
+  inst: InstanceRow,
+  set: InstanceSet,
+  reason: string,
+  ctx: Ctx,
+  action?: string,
+  details?: unknown,
+): Promise<Change> {
+  const to = (set.state as InstanceState | undefined) ?? (inst.state as InstanceState);
   if (to !== inst.state) assertTransition(inst.state as InstanceState, to);
-  const updated = await tx.instance.update({ where: { id: inst.id }, data: { ...data, version: inst.version + 1, updatedAt: ctx.now } });
-  const event = await recordEvent(tx, updated, { from: inst.state, reason, actor: ctx.actor, at: ctx.now });
-  return { instance: updated, event };
+  const params: unknown[] = [inst.id, ctx.now, inst.state, reason, ctx.actor];
+  const assignments = Object.entries(set).map(([col, value]) => {
+    const type = settable[col as keyof typeof settable];
+    params.push(type === "jsonb" ? JSON.stringify(value) : value);
+    return `${col} = $${params.length}::${type}`;
+  });
+  params.push(action ?? null, ctx.requestId ?? null, JSON.stringify(details ?? {}));
+  const n = params.length;
+  const [row] = await sql.query<InstanceRow & { eventId: string }>(
+    `WITH i AS (
+       UPDATE instances SET ${[...assignments, "version = version + 1", "updated_at = $2"].join(", ")} WHERE id = $1 RETURNING *),
+     e AS (
+       INSERT INTO instance_events (instance_id, tenant_id, pool_id, project_id, from_state, to_state, desired_state, reason, actor, version, at)
+       SELECT id, tenant_id, pool_id, project_id, $3, state, desired_state, $4, $5, version, $2 FROM i RETURNING id),
+     a AS (
+       INSERT INTO audit_log (actor_id, tenant_id, action, target_id, request_id, details, at)
+       SELECT $5, tenant_id, $${n - 2}, id, $${n - 1}, $${n}::jsonb, $2 FROM i WHERE $${n - 2}::text IS NOT NULL)
+     SELECT ${INSTANCE_COLUMNS}, (SELECT id::text FROM e) AS "eventId" FROM i`,
+    params,
+  );
+  if (!row) throw notFound("instance", inst.id);
+  const { eventId, ...instance } = row;
+  return { instance, event: eventMessage(instance, inst.state, eventId) };
 }
+
+export function eventMessage(inst: InstanceRow, from: string | null, cursor: string): InstanceEventMessage {
+  return {
+    cursor,
+    instanceId: inst.id,
+    tenantId: inst.tenantId,
+    poolId: inst.poolId,
+    projectId: inst.projectId,
+    fromState: from,
+    toState: inst.state,
+    version: inst.version,
+  };
+}
+
+const verb: Record<DesiredState, string> = { running: "start", stopped: "stop", paused: "pause", deleted: "delete" };
 
 /**
  * start / stop / delete: record what the owner wants and let the reconciler get there. Asking again for
  * what is already asked changes nothing.
  */
-export async function setDesiredState(tx: Tx, who: Principal, id: string, desired: DesiredState, ctx: Ctx): Promise<Change> {
-  const inst = await lockInstance(tx, who, id);
+export async function setDesiredState(sql: Sql, who: Principal, id: string, desired: DesiredState, ctx: Ctx): Promise<Change> {
+  const inst = await lockInstance(sql, who, id);
   if (inst.desiredState === desired) return { instance: inst, event: null };
   if (inst.desiredState === "deleted") throw new AppError("PRECONDITION_FAILED", `instance ${id} is being deleted`, { state: inst.state });
-  const change = await commitChange(tx, inst, { desiredState: desired }, `requested:${desired}`, ctx);
-  await audit(tx, { actorId: ctx.actor, tenantId: inst.tenantId, action: `${verb[desired]}Instance`, targetId: id, requestId: ctx.requestId, at: ctx.now });
-  return change;
+  return writeChange(sql, inst, { desired_state: desired }, `requested:${desired}`, ctx, `${verb[desired]}Instance`);
 }
-const verb: Record<DesiredState, string> = { running: "start", stopped: "stop", paused: "pause", deleted: "delete" };
 
 /**
  * Resize in place: hosted only, stopped only, same number of GPUs. The old claim is given back and the new
  * one taken on the same node and against quota in this transaction, so a refusal leaves the old shape held.
  */
-export async function resizeInstance(tx: Tx, ids: IdSource, who: Principal, id: string, flavorName: string, ctx: Ctx): Promise<Change> {
-  const inst = await lockInstance(tx, who, id);
-  const pool = await tx.pool.findUniqueOrThrow({ where: { id: inst.poolId } });
-  if (pool.class !== "vps-host") throw new AppError("UNSUPPORTED", "resize is supported on hosted pools only; provider instances keep their shape");
+export async function resizeInstance(sql: Sql, ids: IdSource, who: Principal, id: string, flavorName: string, ctx: Ctx): Promise<Change> {
+  const inst = await lockInstance(sql, who, id);
+  const [pool] = await sql.query<{ class: string; policy: { singleTenant?: boolean } }>(`SELECT class, policy FROM pools WHERE id = $1`, [inst.poolId]);
+  if (pool?.class !== "vps-host") throw new AppError("UNSUPPORTED", "resize is supported on hosted pools only; provider instances keep their shape");
   if (inst.state !== "stopped" || inst.desiredState !== "stopped") {
     throw new AppError("PRECONDITION_FAILED", `resize needs a stopped instance; ${id} is ${inst.state} (desired ${inst.desiredState})`, { state: inst.state });
   }
-  const flavor = await tx.flavor.findUnique({ where: { poolId_name: { poolId: pool.id, name: flavorName } } });
-  if (!flavor) throw notFound("flavor", `${flavorName} in pool ${pool.id}`);
+  const [flavor] = await sql.query<Shape & { name: string }>(
+    `SELECT name, vcpus, memory_mib AS "memoryMib", disk_gib AS "diskGib", gpus FROM flavors WHERE pool_id = $1 AND name = $2`,
+    [inst.poolId, flavorName],
+  );
+  if (!flavor) throw notFound("flavor", `${flavorName} in pool ${inst.poolId}`);
   if (flavor.name === inst.flavor) return { instance: inst, event: null };
-  const next: Shape = parseInput(shapeSchema, { ...flavor, gpus: flavor.gpus }, "flavor");
-  const current = inst.gpus as Shape["gpus"];
-  if (gpuCount(next) !== gpuCount({ gpus: current })) {
-    throw invalid(`resize keeps the GPU count: ${inst.flavor} has ${gpuCount({ gpus: current })}, ${flavor.name} has ${gpuCount(next)}`);
-  }
+  const next: Shape = parseInput(shapeSchema, flavor, "flavor");
+  const held = gpuCount({ gpus: inst.gpus as Shape["gpus"] });
+  if (gpuCount(next) !== held) throw invalid(`resize keeps the GPU count: ${inst.flavor} has ${held}, ${flavor.name} has ${gpuCount(next)}`);
   if (!inst.nodeId || !inst.allocationId) throw new AppError("PRECONDITION_FAILED", `instance ${id} holds no placement`);
 
-  await releaseAllocation(tx, inst.allocationId);
-  const singleTenant = (pool.policy as { singleTenant?: boolean }).singleTenant === true;
-  const placed = await place(tx, ids, { poolId: pool.id, tenantId: inst.tenantId, instanceId: id, shape: next, singleTenant, onlyNodeId: inst.nodeId });
+  await releaseAllocation(sql, inst.allocationId);
+  const placed = await place(sql, ids, {
+    poolId: inst.poolId,
+    tenantId: inst.tenantId,
+    instanceId: id,
+    shape: next,
+    singleTenant: pool.policy.singleTenant === true,
+    onlyNodeId: inst.nodeId,
+  });
   const charge = chargeOf(next);
-  await releaseQuota(tx, inst.tenantId, inst.charge as Charge);
-  await chargeQuota(tx, inst.tenantId, charge);
-
-  const change = await commitChange(
-    tx,
+  await releaseQuota(sql, inst.tenantId, inst.charge as Charge);
+  await chargeQuota(sql, inst.tenantId, charge);
+  return writeChange(
+    sql,
     inst,
     {
       state: "resizing",
       flavor: flavor.name,
       vcpus: next.vcpus,
-      memoryMib: next.memoryMib,
-      diskGib: next.diskGib,
+      memory_mib: next.memoryMib,
+      disk_gib: next.diskGib,
       gpus: next.gpus,
       charge,
-      allocationId: placed.allocationId,
+      allocation_id: placed.allocationId,
     },
     "requested:resize",
     ctx,
+    "resizeInstance",
+    { from: inst.flavor, to: flavor.name },
   );
-  await audit(tx, {
-    actorId: ctx.actor,
-    tenantId: inst.tenantId,
-    action: "resizeInstance",
-    targetId: id,
-    requestId: ctx.requestId,
-    details: { from: inst.flavor, to: flavor.name },
-    at: ctx.now,
-  });
-  return change;
 }
 
 /**
- * Move `state` one step (the reconciler's primitive). The row must already be locked by the caller's
- * transaction (lockInstance). Reaching `deleted` releases what the instance held.
+ * Move `state` one step (the reconciler's primitive) on a row the caller locked (lockInstance). Reaching
+ * `deleted` releases what the instance held.
  */
-export async function transition(tx: Tx, inst: InstanceRow, to: InstanceState, reason: string, ctx: Ctx): Promise<Change> {
-  const extra: Prisma.InstanceUpdateInput = {};
-  if (to === "deleted") Object.assign(extra, await releaseResources(tx, inst));
-  return commitChange(tx, inst, { state: to, ...extra }, reason, ctx);
+export async function transition(sql: Sql, inst: InstanceRow, to: InstanceState, reason: string, ctx: Ctx): Promise<Change> {
+  const extra = to === "deleted" ? await releaseResources(sql, inst) : {};
+  return writeChange(sql, inst, { state: to, ...extra }, reason, ctx);
 }
 
 /**
  * Give back the allocation, the address and the quota charge. Safe to call twice: the allocation and lease
- * rows are gone after the first call and `chargeReleased` guards the quota.
+ * rows are gone after the first call and `charge_released` guards the quota.
  */
-export async function releaseResources(tx: Tx, inst: InstanceRow): Promise<Prisma.InstanceUpdateInput> {
-  if (inst.allocationId) await releaseAllocation(tx, inst.allocationId);
-  await releaseLease(tx, inst.id);
-  if (!inst.chargeReleased) await releaseQuota(tx, inst.tenantId, inst.charge as Charge);
-  return { allocationId: null, chargeReleased: true, addresses: [] };
+export async function releaseResources(sql: Sql, inst: InstanceRow): Promise<InstanceSet> {
+  if (inst.allocationId) await releaseAllocation(sql, inst.allocationId);
+  await releaseLease(sql, inst.id);
+  if (!inst.chargeReleased) await releaseQuota(sql, inst.tenantId, inst.charge as Charge);
+  return { allocation_id: null, charge_released: true, addresses: [] };
 }

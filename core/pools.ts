@@ -7,6 +7,7 @@ import { leasableCount, parseRange } from "./ipam.ts";
 import { createAddresses } from "./leases.ts";
 import type { ProviderDefinition } from "./providers.ts";
 import { gpuClaim, parseInput } from "./shapes.ts";
+import { prismaSql } from "./sql.ts";
 
 const name = z
   .string()
@@ -63,7 +64,7 @@ export async function createPool(tx: Tx, ctx: Ctx & { runtime: string }, raw: z.
     const ipPool = await tx.ipPool.create({
       data: { id: ctx.ids("ipp"), poolId: pool.id, cidr: range.cidr, network: BigInt(range.network), prefix: range.prefix, gatewayOffset: range.gatewayOffset },
     });
-    await createAddresses(tx, ipPool.id, range);
+    await createAddresses(prismaSql(tx), ipPool.id, range);
   }
   await audit(tx, {
     actorId: ctx.actor,

@@ -1,51 +1,66 @@
-import type { Tx } from "./db.ts";
 import { AppError } from "./errors.ts";
+import type { Sql } from "./sql.ts";
 
 export type Charge = Record<string, number>;
 
+/** The resources every tenant has a usage row for from its creation; GPU models get theirs on first use. */
+export const SCALAR_RESOURCES = ["disk_gib", "instances", "memory_mib", "vcpus"] as const;
+
+export async function ensureUsageRows(sql: Sql, tenantId: string, resources: readonly string[]): Promise<void> {
+  await sql.query(`INSERT INTO quota_usage (tenant_id, resource, used) SELECT $1, r, 0 FROM unnest($2::text[]) AS r ON CONFLICT DO NOTHING`, [
+    tenantId,
+    resources,
+  ]);
+}
+
 /**
- * Charge a tenant's quota. Each resource is one guarded UPDATE (the row lock serialises a tenant's concurrent
- * creates, and the WHERE is re-checked after the lock), in sorted order so two creates never deadlock.
+ * Charge a tenant's quota in one guarded UPDATE: a row is only raised while it stays within its limit, and the
+ * row locks serialise a tenant's concurrent creates (the WHERE is re-checked after a lock wait). Fewer rows
+ * updated than asked means a limit was hit: the caller's transaction is aborted by the error.
  */
-export async function chargeQuota(tx: Tx, tenantId: string, charge: Charge): Promise<void> {
+export async function chargeQuota(sql: Sql, tenantId: string, charge: Charge): Promise<void> {
   const resources = Object.keys(charge)
     .filter((r) => (charge[r] ?? 0) > 0)
     .sort();
   if (resources.length === 0) return;
-  await tx.$executeRaw`
-    INSERT INTO quota_usage (tenant_id, resource, used)
-    SELECT ${tenantId}, r, 0 FROM unnest(${resources}::text[]) AS r
-    ON CONFLICT DO NOTHING`;
-  for (const resource of resources) {
-    const amount = charge[resource] as number;
-    const updated = await tx.$executeRaw`
-      UPDATE quota_usage u SET used = u.used + ${amount}
-       WHERE u.tenant_id = ${tenantId} AND u.resource = ${resource}
-         AND u.used + ${amount} <= COALESCE(
-               (SELECT l."limit" FROM quota_limits l WHERE l.tenant_id = ${tenantId} AND l.resource = ${resource}),
-               9223372036854775807 - ${amount})`;
-    if (updated === 0) {
-      const [row] = await tx.$queryRaw<{ limit: bigint; used: bigint }[]>`
-        SELECT l."limit", u.used FROM quota_limits l JOIN quota_usage u USING (tenant_id, resource)
-         WHERE l.tenant_id = ${tenantId} AND l.resource = ${resource}`;
-      throw new AppError("QUOTA_EXCEEDED", `quota ${resource} exceeded: limit ${row?.limit ?? "?"}, in use ${row?.used ?? "?"}, asked ${amount}`, {
-        resource,
-        limit: Number(row?.limit ?? 0),
-        used: Number(row?.used ?? 0),
-        requested: amount,
-      });
-    }
-  }
+  if (resources.some((r) => !(SCALAR_RESOURCES as readonly string[]).includes(r))) await ensureUsageRows(sql, tenantId, resources);
+  const amounts = resources.map((r) => charge[r] as number);
+  const raised = await sql.query<{ resource: string }>(
+    `UPDATE quota_usage u SET used = u.used + w.amount
+       FROM unnest($2::text[], $3::bigint[]) AS w(resource, amount)
+      WHERE u.tenant_id = $1 AND u.resource = w.resource
+        AND u.used + w.amount <= COALESCE((SELECT l."limit" FROM quota_limits l WHERE l.tenant_id = $1 AND l.resource = w.resource), u.used + w.amount)
+      RETURNING u.resource`,
+    [tenantId, resources, amounts],
+  );
+  if (raised.length === resources.length) return;
+  const over = resources.find((r) => !raised.some((x) => x.resource === r)) as string;
+  const [row] = await sql.query<{ limit: string | null; used: string | null }>(
+    `SELECT (SELECT "limit"::text FROM quota_limits WHERE tenant_id = $1 AND resource = $2) AS "limit",
+            (SELECT used::text FROM quota_usage WHERE tenant_id = $1 AND resource = $2) AS used`,
+    [tenantId, over],
+  );
+  if (row?.limit == null) throw new Error(`quota usage row for ${over} of tenant ${tenantId} is missing`);
+  const asked = charge[over] as number;
+  throw new AppError("QUOTA_EXCEEDED", `quota ${over} exceeded: limit ${row.limit}, in use ${row.used}, asked ${asked}`, {
+    resource: over,
+    limit: Number(row.limit),
+    used: Number(row.used),
+    requested: asked,
+  });
 }
 
 /** Give a charge back. Called once per instance: the caller flips `charge_released` under the row lock. */
-export async function releaseQuota(tx: Tx, tenantId: string, charge: Charge): Promise<void> {
-  for (const resource of Object.keys(charge).sort()) {
-    const amount = charge[resource] ?? 0;
-    if (amount <= 0) continue;
-    await tx.$executeRaw`
-      UPDATE quota_usage SET used = used - ${amount} WHERE tenant_id = ${tenantId} AND resource = ${resource}`;
-  }
+export async function releaseQuota(sql: Sql, tenantId: string, charge: Charge): Promise<void> {
+  const resources = Object.keys(charge)
+    .filter((r) => (charge[r] ?? 0) > 0)
+    .sort();
+  if (resources.length === 0) return;
+  await sql.query(
+    `UPDATE quota_usage u SET used = u.used - w.amount FROM unnest($2::text[], $3::bigint[]) AS w(resource, amount)
+      WHERE u.tenant_id = $1 AND u.resource = w.resource`,
+    [tenantId, resources, resources.map((r) => charge[r])],
+  );
 }
 
 /** Quota limits as the API speaks them (camelCase scalars + GPUs by model) ↔ rows by resource name. */

@@ -5,9 +5,10 @@ import type { Tx } from "./db.ts";
 import { AppError, invalid, notFound } from "./errors.ts";
 import { type IdSource, sha256Hex } from "./ids.ts";
 import type { Principal } from "./principal.ts";
-import { type QuotaInput, quotaRows } from "./quota.ts";
+import { ensureUsageRows, type QuotaInput, quotaRows, SCALAR_RESOURCES } from "./quota.ts";
 import { isScope, type Scope, tenantScopes } from "./scopes.ts";
 import { gpuClaim, parseInput } from "./shapes.ts";
+import { prismaSql } from "./sql.ts";
 
 const name = z
   .string()
@@ -35,6 +36,7 @@ export async function createTenant(tx: Tx, ctx: Ctx, raw: { name: string; quota?
   const input = parseInput(z.object({ name, quota: quota.nullish() }), raw);
   if (await tx.tenant.findUnique({ where: { name: input.name }, select: { id: true } })) throw new AppError("CONFLICT", `tenant ${input.name} exists`);
   const tenant = await tx.tenant.create({ data: { id: ctx.ids("ten"), name: input.name, createdAt: ctx.now } });
+  await ensureUsageRows(prismaSql(tx), tenant.id, SCALAR_RESOURCES);
   await setQuotaLimits(tx, tenant.id, input.quota ?? {});
   await audit(tx, { actorId: ctx.actor, tenantId: tenant.id, action: "createTenant", targetId: tenant.id, requestId: ctx.requestId, at: ctx.now });
   return tenant;

@@ -5,12 +5,15 @@ import type { InstanceEventMessage } from "../core/events.ts";
 import { type IdSource, randomIds } from "../core/ids.ts";
 import { type ImageResolver, tableImages } from "../core/images.ts";
 import { type Sealer, sealer } from "../core/seal.ts";
+import type { Sql } from "../core/sql.ts";
 import { ensureOperatorIdentity } from "../core/tenants.ts";
 import { type Bus, openBus } from "./bus.ts";
 import { type Database, openDatabase } from "./db/index.ts";
 import { migrate } from "./db/migrate.ts";
 import { bullJobs, type Jobs, memoryJobs } from "./jobs.ts";
 import { type Logger, logger } from "./log.ts";
+
+export type Emit = (e: InstanceEventMessage | null) => void;
 
 /** Everything a process of the platform shares: one per server, worker or dev process. */
 export interface Platform {
@@ -28,7 +31,9 @@ export interface Platform {
    * Run `fn` in one transaction; after it commits, publish the events it produced and wake the reconciler for
    * their instances. Nothing is published for a transaction that rolls back.
    */
-  transact<T>(fn: (tx: Tx, emit: (e: InstanceEventMessage | null) => void) => Promise<T>): Promise<T>;
+  transact<T>(fn: (tx: Tx, emit: Emit) => Promise<T>): Promise<T>;
+  /** The same on plain SQL: the instance domain's hot path (see core/sql.ts). */
+  write<T>(fn: (sql: Sql, emit: Emit) => Promise<T>): Promise<T>;
   close(): Promise<void>;
 }
 
@@ -67,27 +72,33 @@ export async function openPlatform(config: Config, opts: PlatformOptions = {}): 
     now: opts.now ?? (() => new Date()),
     log,
     operatorToken,
-    async transact(fn) {
-      for (let attempt = 1; ; attempt++) {
-        const events: InstanceEventMessage[] = [];
-        try {
-          const result = await db.prisma.$transaction((tx) => fn(tx, (e) => e && events.push(e)), { maxWait: 30_000, timeout: 30_000 });
-          for (const e of events) await afterCommit(e);
-          return result;
-        } catch (e) {
-          // Deadlocks and serialisation failures are the database asking for a retry, not a user error.
-          const code = (e as { code?: string }).code;
-          if (attempt < 4 && code && RETRYABLE.has(code)) continue;
-          throw e;
-        }
-      }
-    },
+    transact: (fn) => withRetry((emit) => db.prisma.$transaction((tx) => fn(tx, emit), { maxWait: 30_000, timeout: 30_000 })),
+    write: (fn) => withRetry((emit) => db.transaction((sql) => fn(sql, emit))),
     async close() {
       await jobs.close();
       await bus.close();
       await db.close();
     },
   };
+
+  /** Run a transaction, retrying what the database asks to retry; after commit, publish what it emitted. */
+  async function withRetry<T>(run: (emit: Emit) => Promise<T>): Promise<T> {
+    for (let attempt = 1; ; attempt++) {
+      const events: InstanceEventMessage[] = [];
+      try {
+        const result = await run((e) => {
+          if (e) events.push(e);
+        });
+        for (const e of events) await afterCommit(e);
+        return result;
+      } catch (e) {
+        // Deadlocks and serialisation failures are the database asking for a retry, not a user error.
+        const code = (e as { code?: string }).code;
+        if (attempt < 4 && code && RETRYABLE.has(code)) continue;
+        throw e;
+      }
+    }
+  }
 
   /** Publishing and waking are hints: a failure here delays convergence (the sweep re-finds it), never loses state. */
   async function afterCommit(e: InstanceEventMessage) {

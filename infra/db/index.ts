@@ -1,9 +1,11 @@
+import { createHash } from "node:crypto";
 import { mkdirSync } from "node:fs";
 import { resolve } from "node:path";
 import { PGlite } from "@electric-sql/pglite";
 import { PrismaPg } from "@prisma/adapter-pg";
 import pg from "pg";
 import { PrismaPGlite } from "pglite-prisma-adapter";
+import type { Sql } from "../../core/sql.ts";
 import { PrismaClient } from "../../prisma/generated/client.ts";
 
 /** Plain SQL beside Prisma: migrations need multi-statement scripts, which prepared statements refuse. */
@@ -15,9 +17,27 @@ export interface SqlRunner {
 export interface Database {
   kind: "postgres" | "pglite";
   prisma: PrismaClient;
+  /** Run `fn` in one transaction on plain SQL (the instance domain's hot path); rolled back if it throws. */
+  transaction<T>(fn: (sql: Sql) => Promise<T>): Promise<T>;
   /** Run `fn` on one connection: session state (advisory locks, BEGIN … COMMIT) stays on it. */
   session<T>(fn: (sql: SqlRunner) => Promise<T>): Promise<T>;
   close(): Promise<void>;
+}
+
+/**
+ * Named statements are parsed and planned once per connection: the instance domain's statements are long
+ * CTEs whose planning cost more than their execution. Statements that take no parameters (SAVEPOINT) stay
+ * unnamed: they are cheap and some cannot be prepared.
+ */
+const names = new Map<string, string>();
+function prepared(text: string, params?: readonly unknown[]): pg.QueryConfig {
+  if (!params?.length) return { text };
+  let name = names.get(text);
+  if (!name) {
+    name = `bc_${createHash("sha1").update(text).digest("hex").slice(0, 16)}`;
+    names.set(text, name);
+  }
+  return { name, text, values: params as unknown[] };
 }
 
 /** PostgreSQL when a URL is given; otherwise PGlite, persisted under `dataDir` (or in memory for `memory://`). */
@@ -28,6 +48,22 @@ export async function openDatabase(opts: { databaseUrl?: string; dataDir?: strin
     return {
       kind: "postgres",
       prisma,
+      transaction: async (fn) => {
+        const client = await pool.connect();
+        try {
+          await client.query("BEGIN");
+          const result = await fn({
+            query: async <T>(text: string, params?: readonly unknown[]) => (await client.query(text, params as unknown[])).rows as T[],
+          });
+          await client.query("COMMIT");
+          return result;
+        } catch (e) {
+          await client.query("ROLLBACK").catch(() => {});
+          throw e;
+        } finally {
+          client.release();
+        }
+      },
       session: async (fn) => {
         const client = await pool.connect();
         try {
@@ -59,6 +95,8 @@ export function pgliteDatabase(lite: PGlite): Database {
   return {
     kind: "pglite",
     prisma,
+    transaction: (fn) =>
+      lite.transaction((tx) => fn({ query: async <T>(text: string, params?: readonly unknown[]) => (await tx.query<T>(text, params as unknown[])).rows })),
     session: (fn) =>
       fn({
         exec: async (sql) => {

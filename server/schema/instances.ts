@@ -152,8 +152,8 @@ const CreateInstanceInput = builder.inputType("CreateInstanceInput", {
 
 async function changeDesired(ctx: Context, id: string, desired: Desired, scope: "compute:instances:update" | "compute:instances:delete") {
   const p = ctx.principal?.operator ? ctx.principal : requireTenantScope(ctx.principal, scope);
-  return ctx.platform.transact(async (tx, emit) => {
-    const change = await setDesiredState(tx, p, id, desired, writeCtx(ctx));
+  return ctx.platform.write(async (sql, emit) => {
+    const change = await setDesiredState(sql, p, id, desired, writeCtx(ctx));
     emit(change.event);
     return change.instance;
   });
@@ -174,9 +174,9 @@ builder.mutationFields((t) => ({
         now: platform.now,
         newIdempotencyKey: () => crypto.randomUUID(),
       };
-      return platform.transact(async (tx, emit) => {
+      return platform.write(async (sql, emit) => {
         const admitted = await admitInstance(
-          tx,
+          sql,
           deps,
           { identityId: p.identityId, tenantId: p.tenantId, requestId: ctx.requestId },
           {
@@ -190,7 +190,7 @@ builder.mutationFields((t) => ({
           },
         );
         emit(admitted.event);
-        return tx.instance.findUniqueOrThrow({ where: { id: admitted.instanceId } });
+        return admitted.instance;
       });
     },
   }),
@@ -214,8 +214,8 @@ builder.mutationFields((t) => ({
     args: { id: t.arg.id({ required: true }), flavor: t.arg.string({ required: true }) },
     resolve: (_r, { id, flavor }, ctx) => {
       const p = ctx.principal?.operator ? ctx.principal : requireTenantScope(ctx.principal, "compute:instances:update");
-      return ctx.platform.transact(async (tx, emit) => {
-        const change = await resizeInstance(tx, ctx.platform.ids, p, String(id), flavor, writeCtx(ctx));
+      return ctx.platform.write(async (sql, emit) => {
+        const change = await resizeInstance(sql, ctx.platform.ids, p, String(id), flavor, writeCtx(ctx));
         emit(change.event);
         return change.instance;
       });

@@ -204,14 +204,18 @@ describe("tenants and quota", () => {
     const { createTenant } = await h.operator.request(CreateTenantDocument, {
       input: { name: "quota-co", quota: { vcpus: 8, gpus: [{ model: "nvidia-l40s", count: 2 }] } },
     });
+    // The four scalar resources are always listed (null: unlimited); GPU models once limited or used.
     expect(createTenant.quota).toEqual([
+      { resource: "disk_gib", limit: null, used: 0 },
       { resource: "gpu:nvidia-l40s", limit: 2, used: 0 },
+      { resource: "instances", limit: null, used: 0 },
+      { resource: "memory_mib", limit: null, used: 0 },
       { resource: "vcpus", limit: 8, used: 0 },
     ]);
     await expectCode(h.operator.request(CreateTenantDocument, { input: { name: "quota-co" } }), "CONFLICT");
     await expectCode(h.operator.request(CreateTenantDocument, { input: { name: "neg", quota: { vcpus: -1 } } }), "INVALID_INPUT");
     const { setTenantQuota } = await h.operator.request(SetTenantQuotaDocument, { tenantId: createTenant.id, quota: { instances: 1 } });
-    expect(setTenantQuota.quota).toEqual([{ resource: "instances", limit: 1, used: 0 }]);
+    expect(setTenantQuota.quota.filter((q) => q.limit !== null)).toEqual([{ resource: "instances", limit: 1, used: 0 }]);
     expect((await h.operator.request(TenantDocument, { id: createTenant.id })).tenant?.name).toBe("quota-co");
   });
 });

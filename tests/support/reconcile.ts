@@ -6,24 +6,24 @@ import type { Platform } from "../../infra/platform.ts";
  * allocation, lease and quota. Tests of admission use it to close the loop before the reconciler exists.
  */
 export async function confirmDeleted(platform: Platform, id: string): Promise<void> {
-  await platform.transact(async (tx, emit) => {
-    let inst = await lockInstance(tx, null, id);
+  await platform.write(async (sql, emit) => {
+    let inst = await lockInstance(sql, null, id);
     const ctx = { actor: "test:host", now: platform.now() };
     if (inst.state !== "deleting") {
-      const c = await transition(tx, inst, "deleting", "host:deleting", ctx);
+      const c = await transition(sql, inst, "deleting", "host:deleting", ctx);
       emit(c.event);
       inst = c.instance;
     }
-    emit((await transition(tx, inst, "deleted", "host:gone", ctx)).event);
+    emit((await transition(sql, inst, "deleted", "host:gone", ctx)).event);
   });
 }
 
 /** Move an instance along a path of states, as host reports would. */
 export async function walk(platform: Platform, id: string, states: string[]): Promise<void> {
   for (const to of states) {
-    await platform.transact(async (tx, emit) => {
-      const inst = await lockInstance(tx, null, id);
-      emit((await transition(tx, inst, to as never, `host:${to}`, { actor: "test:host", now: platform.now() })).event);
+    await platform.write(async (sql, emit) => {
+      const inst = await lockInstance(sql, null, id);
+      emit((await transition(sql, inst, to as never, `host:${to}`, { actor: "test:host", now: platform.now() })).event);
     });
   }
 }

@@ -1,0 +1,125 @@
+/**
+ * Admission throughput against the machine's own limit.
+ *
+ *   npm run bench:admission -- [--clients 8] [--seconds 10] [--nodes 20]
+ *
+ * Prints creates per second with the same number of concurrent clients through (a) the core admission
+ * transaction alone and (b) the whole API (HTTP GraphQL, auth, Redis pub/sub and BullMQ wake-up), each as a
+ * ratio of pgbench's single-row INSERT rate on the same PostgreSQL. Needs PostgreSQL, Redis and pgbench.
+ */
+import { randomBytes } from "node:crypto";
+import { admitInstance } from "../core/admission.ts";
+import { parseConfig } from "../core/config.ts";
+import { openDatabase } from "../infra/db/index.ts";
+import { migrate } from "../infra/db/migrate.ts";
+import { openPlatform, type Platform } from "../infra/platform.ts";
+import { CreateInstanceDocument, createClient } from "../sdk/client.ts";
+import { startServer } from "../server/app.ts";
+import { benchArgs, closedLoop, pgbenchInsertTps, scratchDatabase } from "./lib.ts";
+
+const args = benchArgs({ clients: 8, seconds: 10, nodes: 20 });
+const redisUrl = process.env.REDIS_URL ?? "redis://127.0.0.1:6379";
+
+async function setup(platform: Platform, clients: number) {
+  const now = platform.now();
+  const ctx = { ids: platform.ids, actor: "bench", now };
+  const { createTenant, createApiToken } = await import("../core/tenants.ts");
+  const { createPool, createNode } = await import("../core/pools.ts");
+  const { createFlavor } = await import("../core/flavors.ts");
+  const { registerImage } = await import("../core/images.ts");
+  return platform.transact(async (tx) => {
+    const pool = await createPool(tx, { ...ctx, runtime: "libvirt-kvm" }, { name: "bench", class: "vps-host", ipv4Range: "10.200.0.0/16" });
+    for (let i = 0; i < args.nodes; i++)
+      await createNode(tx, ctx, { poolId: pool.id, name: `n${i}`, capacity: { vcpus: 4096, memoryMib: 4_194_304, diskGib: 100_000 } });
+    await createFlavor(tx, ctx, { poolId: pool.id, name: "small", vcpus: 1, memoryMib: 512, diskGib: 5 });
+    const image = await registerImage(
+      tx,
+      platform.ids,
+      { identityId: "bench", tenantId: null, operator: true, scopes: new Set() },
+      { name: "img", source: "https://images.invalid/i.qcow2", sha256: "a".repeat(64), format: "qcow2", public: true },
+    );
+    const tenants = [];
+    for (let i = 0; i < clients; i++) {
+      const t = await createTenant(tx, ctx, { name: `bench-${i}` });
+      tenants.push({ tenant: t, ...(await createApiToken(tx, ctx, { tenantId: t.id, name: "bench" })) });
+    }
+    return { poolId: pool.id, imageId: image.id, tenants };
+  });
+}
+
+async function run() {
+  const c = args.clients;
+  console.log(`admission bench: ${c} clients, ${args.seconds} s per phase, ${args.nodes} nodes, one /16 pool`);
+  const pgbench = await pgbenchInsertTps(c, args.seconds);
+  console.log(`pgbench single-row INSERT:        ${pgbench.toFixed(0)} tps`);
+
+  const db = await scratchDatabase("bc_bench");
+  try {
+    const database = await openDatabase({ databaseUrl: db.url, poolSize: c + 2 });
+    await database.session((sql) => migrate(sql));
+    const operatorToken = randomBytes(24).toString("hex");
+    const config = parseConfig(
+      {},
+      {
+        DATABASE_URL: db.url,
+        REDIS_URL: redisUrl,
+        REDIS_PREFIX: `bcbench_${randomBytes(3).toString("hex")}`,
+        OPERATOR_TOKEN: operatorToken,
+        SEAL_KEY: randomBytes(32).toString("base64"),
+        LOG_LEVEL: "warn",
+      },
+    );
+    const platform = await openPlatform(config, { db: database });
+    const fx = await setup(platform, c);
+
+    const deps = {
+      ids: platform.ids,
+      images: platform.images,
+      sealer: platform.sealer,
+      runtimes: ["libvirt-kvm"],
+      now: platform.now,
+      newIdempotencyKey: () => randomBytes(8).toString("hex"),
+    };
+    const core = await closedLoop(c, args.seconds, async (i, n) => {
+      const t = fx.tenants[i] as (typeof fx.tenants)[number];
+      await platform.write(async (sql, emit) => {
+        const a = await admitInstance(
+          sql,
+          deps,
+          { identityId: t.identity.id, tenantId: t.tenant.id },
+          { poolId: fx.poolId, flavor: "small", imageId: fx.imageId, idempotencyKey: `core-${n}` },
+        );
+        emit(a.event);
+      });
+    });
+    console.log(
+      `admission, core transaction:      ${core.perSecond.toFixed(0)} creates/s  ratio ${(core.perSecond / pgbench).toFixed(3)}  p50 ${core.p50.toFixed(1)} ms  p99 ${core.p99.toFixed(1)} ms  errors ${core.errors}`,
+    );
+
+    const app = await startServer(platform, { port: 0, host: "127.0.0.1" });
+    const clients = fx.tenants.map((t) => createClient({ url: app.url, token: t.token }));
+    const api = await closedLoop(c, args.seconds, async (i, n) => {
+      await (clients[i] as (typeof clients)[number]).request(CreateInstanceDocument, {
+        input: { poolId: fx.poolId, flavor: "small", imageId: fx.imageId, idempotencyKey: `api-${n}` },
+      });
+    });
+    console.log(
+      `admission, whole API (HTTP+Redis): ${api.perSecond.toFixed(0)} creates/s  ratio ${(api.perSecond / pgbench).toFixed(3)}  p50 ${api.p50.toFixed(1)} ms  p99 ${api.p99.toFixed(1)} ms  errors ${api.errors}`,
+    );
+    console.log(
+      `goal: ratio >= 0.25 — core ${core.perSecond / pgbench >= 0.25 ? "met" : "NOT met"}, API ${api.perSecond / pgbench >= 0.25 ? "met" : "NOT met"}`,
+    );
+    await app.close();
+    await platform.close();
+  } finally {
+    await db.drop();
+  }
+}
+
+run().then(
+  () => process.exit(0),
+  (e) => {
+    console.error(e);
+    process.exit(1);
+  },
+);

@@ -1,0 +1,82 @@
+import { execFileSync } from "node:child_process";
+import { randomBytes } from "node:crypto";
+import { mkdtempSync, rmSync, writeFileSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { parseArgs } from "node:util";
+import { createDatabase, dropDatabase, urlFor } from "../tests/support/pg.ts";
+
+/** A scratch database on the same server the platform uses, dropped afterwards. */
+export async function scratchDatabase(prefix: string) {
+  const name = `${prefix}_${randomBytes(4).toString("hex")}`;
+  await createDatabase(name);
+  return { name, url: urlFor(name), drop: () => dropDatabase(name) };
+}
+
+/**
+ * The machine's own limit for comparison: pgbench running one single-row INSERT per transaction with the
+ * same number of clients, against the same server. Returns transactions per second.
+ */
+export async function pgbenchInsertTps(clients: number, seconds: number): Promise<number> {
+  const db = await scratchDatabase("bc_pgbench");
+  const dir = mkdtempSync(join(tmpdir(), "bc-pgbench-"));
+  try {
+    const url = new URL(db.url);
+    const conn = ["-h", url.hostname, "-p", url.port || "5432", ...(url.username ? ["-U", decodeURIComponent(url.username)] : [])];
+    execFileSync("psql", [
+      ...conn,
+      "-q",
+      "-c",
+      "CREATE TABLE rows (id bigserial PRIMARY KEY, tenant text NOT NULL, body jsonb NOT NULL, at timestamptz NOT NULL DEFAULT now())",
+      db.name,
+    ]);
+    const script = join(dir, "insert.sql");
+    writeFileSync(script, "INSERT INTO rows (tenant, body) VALUES ('t', '{}');\n");
+    const out = execFileSync(
+      "pgbench",
+      [...conn, "-n", "-M", "prepared", "-c", String(clients), "-j", String(Math.min(clients, 2)), "-T", String(seconds), "-f", script, db.name],
+      { encoding: "utf8" },
+    );
+    const tps = /tps = ([0-9.]+) \(without initial connection time\)/.exec(out)?.[1];
+    if (!tps) throw new Error(`could not read pgbench's tps:\n${out}`);
+    return Number(tps);
+  } finally {
+    rmSync(dir, { recursive: true, force: true });
+    await db.drop();
+  }
+}
+
+export function benchArgs<K extends string>(defaults: Record<K, number>): Record<K, number> {
+  const { values } = parseArgs({ options: Object.fromEntries(Object.keys(defaults).map((k) => [k, { type: "string" as const }])), allowPositionals: false });
+  return Object.fromEntries(Object.entries<number>(defaults).map(([k, v]) => [k, values[k] === undefined ? v : Number(values[k])])) as Record<K, number>;
+}
+
+export function percentile(sorted: number[], p: number): number {
+  if (!sorted.length) return Number.NaN;
+  return sorted[Math.min(sorted.length - 1, Math.floor((p / 100) * sorted.length))] as number;
+}
+
+/** Run `worker(i)` in `clients` loops until `seconds` pass; returns the count and each call's latency (ms). */
+export async function closedLoop(clients: number, seconds: number, call: (client: number, n: number) => Promise<void>) {
+  const end = performance.now() + seconds * 1000;
+  const latencies: number[] = [];
+  let errors = 0;
+  let seq = 0;
+  const started = performance.now();
+  await Promise.all(
+    Array.from({ length: clients }, async (_, c) => {
+      while (performance.now() < end) {
+        const t0 = performance.now();
+        try {
+          await call(c, seq++);
+          latencies.push(performance.now() - t0);
+        } catch (e) {
+          if (errors++ === 0) console.error("first error:", e);
+        }
+      }
+    }),
+  );
+  const elapsed = (performance.now() - started) / 1000;
+  latencies.sort((a, b) => a - b);
+  return { done: latencies.length, errors, perSecond: latencies.length / elapsed, p50: percentile(latencies, 50), p99: percentile(latencies, 99) };
+}
