@@ -9,6 +9,7 @@ export default defineConfig({
   },
   test: {
     include: ["tests/**/*.test.ts"],
+    reporters: ["default", "./tests/support/summary-reporter.ts"],
     globalSetup: ["tests/support/global-setup.ts"],
     pool: "forks",
     // Two cores: more workers only queue on the same CPUs and the same PostgreSQL.

@@ -22,3 +22,9 @@ describe("committed artefacts are current", () => {
     expect(await diffSql({ schemaPath: "prisma/schema.prisma", migrationsDir: "prisma/migrations" })).toBe("");
   });
 });
+
+describe("README", () => {
+  it("quotes examples/walkthrough.ts exactly as it is (the embedded test runs that file)", () => {
+    expect(readFileSync("README.md", "utf8")).toContain(readFileSync("examples/walkthrough.ts", "utf8"));
+  });
+});

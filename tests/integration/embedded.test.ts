@@ -1,20 +1,9 @@
-import { type ChildProcess, spawn } from "node:child_process";
+import { type ChildProcess, spawn, spawnSync } from "node:child_process";
 import { mkdtempSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterAll, describe, expect, it } from "vitest";
-import {
-  CreateApiTokenDocument,
-  CreateFlavorDocument,
-  CreateInstanceDocument,
-  CreateNodeDocument,
-  CreatePoolDocument,
-  CreateTenantDocument,
-  createClient,
-  InstancesDocument,
-  RegisterImageDocument,
-} from "../../sdk/client.ts";
-import { sha256Of } from "../support/fixtures.ts";
+import { CreateApiTokenDocument, CreateInstanceDocument, createClient, InstancesDocument, TenantsDocument } from "../../sdk/client.ts";
 
 const children: ChildProcess[] = [];
 const dirs: string[] = [];
@@ -48,28 +37,29 @@ describe("bc dev (embedded: PGlite, in-memory bus and jobs)", () => {
     expect(page.status).toBe(200);
     expect(await page.text()).toMatch(/graphiql/i);
 
-    const op = createClient({ url: first.url, token: first.token });
-    const { createTenant } = await op.request(CreateTenantDocument, { input: { name: "acme" } });
-    const { createApiToken } = await op.request(CreateApiTokenDocument, { input: { tenantId: createTenant.id, name: "laptop" } });
-    const { createPool } = await op.request(CreatePoolDocument, { input: { name: "home", class: "VPS_HOST", ipv4Range: "10.42.0.0/24" } });
-    await op.request(CreateNodeDocument, { input: { poolId: createPool.id, name: "box-1", capacity: { vcpus: 8, memoryMib: 16384, diskGib: 200 } } });
-    await op.request(CreateFlavorDocument, { input: { poolId: createPool.id, name: "small", vcpus: 1, memoryMib: 1024, diskGib: 10 } });
-    const { registerImage } = await op.request(RegisterImageDocument, {
-      input: { name: "debian", source: "https://images.invalid/d.qcow2", sha256: sha256Of("a"), format: "QCOW2", public: true },
+    // The README's walkthrough, exactly as a newcomer runs it.
+    const walk = spawnSync(process.execPath, ["--import", "tsx", "examples/walkthrough.ts"], {
+      env: { ...process.env, BC_URL: first.url, OPERATOR_TOKEN: first.token },
+      encoding: "utf8",
     });
-    const tenant = createClient({ url: first.url, token: createApiToken.token });
-    const inst = (
-      await tenant.request(CreateInstanceDocument, { input: { poolId: createPool.id, flavor: "small", imageId: registerImage.id, userData: "hi" } })
-    ).createInstance;
-    expect(inst).toMatchObject({ state: "PENDING", addresses: ["10.42.0.2"], userData: "hi" });
+    expect(walk.stderr).toBe("");
+    expect(walk.stdout).toMatch(/^inst_[a-z2-7]{52} PENDING on node_[a-z2-7]+ at 10\.42\.0\.2\n$/);
+    const instanceId = walk.stdout.split(" ")[0] as string;
+    const op = createClient({ url: first.url, token: first.token });
+    const tenantId = (await op.request(TenantsDocument)).tenants[0]?.id as string;
+    const { createApiToken } = await op.request(CreateApiTokenDocument, { input: { tenantId, name: "second-laptop" } });
 
     first.child.kill("SIGTERM");
     await expect.poll(() => first.child.exitCode, { timeout: 20_000, interval: 100 }).not.toBeNull();
     const second = await startDev(dataDir);
     expect(second.token).toBe(first.token);
     const again = createClient({ url: second.url, token: createApiToken.token });
-    const list = (await again.request(InstancesDocument, {})).instances.edges.map((e) => e.node);
-    // The sealing key survived too: the owner still reads its user data.
-    expect(list).toMatchObject([{ id: inst.id, userData: "hi" }]);
+    const list = (await again.request(InstancesDocument, { owner: "TENANT" })).instances.edges.map((e) => e.node);
+    expect(list).toMatchObject([{ id: instanceId, state: "PENDING", addresses: ["10.42.0.2"] }]);
+    // The sealing key survived the restart too: sealed user data written before it still opens after.
+    const { createInstance } = await again.request(CreateInstanceDocument, {
+      input: { poolId: list[0]?.poolId as string, flavor: "small", imageId: list[0]?.imageId as string, userData: "hi" },
+    });
+    expect(createInstance.userData).toBe("hi");
   });
 });
