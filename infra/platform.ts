@@ -55,7 +55,13 @@ export async function openPlatform(config: Config, opts: PlatformOptions = {}): 
   if (!sealKey) throw new Error("SEAL_KEY is required outside the embedded mode (32 random bytes, base64)");
   const operatorToken = config.operatorToken ?? (embedded ? persistentSecret(config.dataDir, "operator-token", newOperatorToken) : undefined);
 
-  const db = opts.db ?? (await openDatabase({ databaseUrl: config.databaseUrl, dataDir: config.dataDir }));
+  const db =
+    opts.db ??
+    (await openDatabase({
+      databaseUrl: config.databaseUrl,
+      dataDir: config.dataDir,
+      onIdleError: (e) => log.warn("idle database connection lost", { err: e.message }),
+    }));
   await db.session((sql) => migrate(sql));
   await db.prisma.$transaction((tx) => ensureOperatorIdentity(tx));
   const bus = await openBus({ redisUrl: config.redisUrl, prefix: config.redisPrefix });

@@ -41,9 +41,12 @@ function prepared(text: string, params?: readonly unknown[]): pg.QueryConfig {
 }
 
 /** PostgreSQL when a URL is given; otherwise PGlite, persisted under `dataDir` (or in memory for `memory://`). */
-export async function openDatabase(opts: { databaseUrl?: string; dataDir?: string; poolSize?: number }): Promise<Database> {
+export async function openDatabase(opts: { databaseUrl?: string; dataDir?: string; poolSize?: number; onIdleError?: (e: Error) => void }): Promise<Database> {
   if (opts.databaseUrl) {
     const pool = new pg.Pool({ connectionString: opts.databaseUrl, max: opts.poolSize ?? 10 });
+    // An idle connection the server drops (a restart, a failover, DROP DATABASE … FORCE) is not fatal: the pool
+    // replaces it on the next checkout. Without a listener, node-postgres would crash the whole process.
+    pool.on("error", (e) => opts.onIdleError?.(e));
     const prisma = new PrismaClient({ adapter: new PrismaPg(pool) });
     return {
       kind: "postgres",
