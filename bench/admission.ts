@@ -89,7 +89,7 @@ async function run() {
           { identityId: t.identity.id, tenantId: t.tenant.id },
           { poolId: fx.poolId, flavor: "small", imageId: fx.imageId, idempotencyKey: `core-${n}` },
         );
-        emit(a.event);
+        emit(a);
       });
     });
     console.log(

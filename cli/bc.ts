@@ -1,16 +1,26 @@
+import { hostname } from "node:os";
+import { join, resolve } from "node:path";
 import { parseArgs } from "node:util";
-import { isAppError } from "../core/errors.ts";
+import { startAgent } from "../agent/index.ts";
+import { fakeRuntime, runtimes } from "../agent/runtimes/index.ts";
+import { AppError, isAppError } from "../core/errors.ts";
 import { openDatabase } from "../infra/db/index.ts";
 import { migrate } from "../infra/db/migrate.ts";
+import { logger } from "../infra/log.ts";
 import { openPlatform } from "../infra/platform.ts";
 import { startServer } from "../server/app.ts";
+import { startWorker } from "../worker/index.ts";
 import { loadConfig } from "./config-file.ts";
+import { seedQuickStart } from "./seed.ts";
 
 const usage = `bc — the Better Compute control plane
 
-  bc dev                 the whole platform in one process; embedded (PGlite under .data/, in-memory
-                         pub/sub and jobs) unless DATABASE_URL / REDIS_URL are set
-  bc server              the GraphQL API (HTTP + websocket) on PORT; needs SEAL_KEY
+  bc dev [--sim N]       the whole platform in one process: server, worker and N simulated hosts; embedded
+                         (PGlite under .data/, in-memory pub/sub and jobs) unless DATABASE_URL / REDIS_URL
+  bc server              the GraphQL API (HTTP + websocket) and host gateway on PORT; needs SEAL_KEY
+  bc worker              the reconcilers and periodic jobs (BullMQ on REDIS_URL)
+  bc agent --server URL [--join-token T] [--runtime fake] [--name N] [--state-dir D]
+                         a host agent: joins once (the credential is kept in the state dir), then converges
   bc migrate             apply the committed migrations to DATABASE_URL (or the embedded database)
   bc migrate --create N  write prisma/migrations/<ts>_N from the schema's changes (development)
   bc migrate --check     exit 1 when prisma/schema.prisma has changes no migration holds
@@ -23,9 +33,16 @@ BC_DATA_DIR, VPS_RUNTIMES, PROVIDERS, VPS_HOST_NETWORK, LOG_LEVEL) over an optio
 async function main(argv: string[]) {
   const [command, ...rest] = argv;
   switch (command) {
-    case "dev":
+    case "dev": {
+      const { values } = parseArgs({ args: rest, options: { sim: { type: "string", default: "0" } } });
+      return serve({ embedded: true, worker: true, sim: Number(values.sim) });
+    }
     case "server":
-      return serve(command === "dev");
+      return serve({ embedded: false, worker: false, sim: 0 });
+    case "worker":
+      return workerCommand();
+    case "agent":
+      return agentCommand(rest);
     case "migrate":
       return migrateCommand(rest);
     case "schema": {
@@ -44,17 +61,100 @@ async function main(argv: string[]) {
   }
 }
 
-async function serve(embedded: boolean) {
+async function serve(opts: { embedded: boolean; worker: boolean; sim: number }) {
   const config = await loadConfig();
-  const platform = await openPlatform(config, { embedded });
+  const platform = await openPlatform(config, { embedded: opts.embedded });
   const app = await startServer(platform);
+  const worker = opts.worker ? await startWorker(platform) : null;
+  const agents: Awaited<ReturnType<typeof startAgent>>[] = [];
   const mode = config.databaseUrl ? "PostgreSQL" : `PGlite in ${config.dataDir}`;
   const bus = config.redisUrl ? "Redis" : "in-memory pub/sub and jobs";
-  process.stdout.write(`Better Compute is up (${mode}; ${bus})\n  GraphQL:  ${app.url}  (GraphiQL in a browser)\n`);
-  if (embedded && platform.operatorToken) process.stdout.write(`  Operator: ${platform.operatorToken}\n`);
+  const lines = [`Better Compute is up (${mode}; ${bus})`, `  GraphQL:  ${app.url}  (GraphiQL in a browser)`];
+  if (opts.embedded && platform.operatorToken) lines.push(`  Operator: ${platform.operatorToken}`);
+  if (opts.sim > 0) {
+    const seed = await seedQuickStart(platform, opts.sim);
+    for (let i = 1; i <= opts.sim; i++) {
+      const stateDir = resolve(config.dataDir, "sim", `host-${i}`);
+      const runtime = await fakeRuntime({ stateDir });
+      agents.push(
+        await startAgent({
+          server: app.url,
+          joinToken: seed.joinTokens[i - 1],
+          name: `sim-${i}`,
+          stateDir,
+          runtime,
+          log: (m, f) => platform.log.debug(`agent sim-${i}: ${m}`, f),
+        }),
+      );
+    }
+    lines.push(
+      `  Tenant:   ${seed.tenantToken}  (tenant "demo")`,
+      `  ${opts.sim} simulated hosts in pool "local" (${seed.poolId}); flavors small, medium, large; image ${seed.imageId}`,
+      "  Try:",
+      `    curl -s ${app.url} -H "authorization: Bearer ${seed.tenantToken}" -H 'content-type: application/json' \\`,
+      `      -d '{"query":"mutation { createInstance(input: {poolId: \\"${seed.poolId}\\", flavor: \\"small\\", imageId: \\"${seed.imageId}\\"}) { id state } }"}'`,
+    );
+  }
+  process.stdout.write(`${lines.join("\n")}\n`);
   const stop = async () => {
+    for (const a of agents) await a.close();
+    await worker?.close();
     await app.close();
     await platform.close();
+    process.exit(0);
+  };
+  process.once("SIGINT", stop);
+  process.once("SIGTERM", stop);
+}
+
+async function workerCommand() {
+  const config = await loadConfig();
+  const platform = await openPlatform(config);
+  const worker = await startWorker(platform);
+  process.stdout.write(`worker running (${config.redisUrl ? "BullMQ on Redis" : "in-memory jobs"})\n`);
+  const stop = async () => {
+    await worker.close();
+    await platform.close();
+    process.exit(0);
+  };
+  process.once("SIGINT", stop);
+  process.once("SIGTERM", stop);
+}
+
+async function agentCommand(args: string[]) {
+  const { values } = parseArgs({
+    args,
+    options: {
+      server: { type: "string" },
+      "join-token": { type: "string" },
+      runtime: { type: "string", default: "fake" },
+      name: {
+        type: "string",
+        default: hostname()
+          .toLowerCase()
+          .replace(/[^a-z0-9.-]/g, "-"),
+      },
+      "state-dir": { type: "string" },
+      "heartbeat-ms": { type: "string", default: "5000" },
+    },
+  });
+  if (!values.server) throw new AppError("INVALID_CONFIG", "bc agent needs --server URL");
+  const make = runtimes[values.runtime as string];
+  if (!make) throw new AppError("INVALID_CONFIG", `unknown runtime ${values.runtime}; known: ${Object.keys(runtimes).join(", ")}`);
+  const stateDir = resolve(values["state-dir"] ?? join(".data", "agent", values.name as string));
+  const log = logger((process.env.LOG_LEVEL as "info") ?? "info", { agent: values.name });
+  const agent = await startAgent({
+    server: values.server,
+    joinToken: values["join-token"],
+    name: values.name as string,
+    stateDir,
+    runtime: await make({ stateDir }),
+    heartbeatMs: Number(values["heartbeat-ms"]),
+    log: (m, f) => log.info(m, f),
+  });
+  process.stdout.write(`agent ${values.name} running as node ${agent.nodeId} (runtime ${values.runtime})\n`);
+  const stop = async () => {
+    await agent.close();
     process.exit(0);
   };
   process.once("SIGINT", stop);

@@ -24,6 +24,7 @@ export interface ConfigFile {
   databaseUrl?: string;
   redisUrl?: string;
   dataDir?: string;
+  hosts?: { lostGraceMs?: number; orphanGraceMs?: number; sweepMs?: number; maxRecreateAttempts?: number; joinTokenTtlSeconds?: number };
   vps?: {
     runtimes?: string[];
     providers?: ProviderDefinition[];
@@ -66,6 +67,20 @@ const schema = z.object({
     .refine((s) => Buffer.from(s, "base64").length === 32, "must be 32 bytes, base64-encoded")
     .optional(),
   logLevel: z.enum(["debug", "info", "warn", "error", "silent"]).default("info"),
+  /** Hosts and reconciliation timing. */
+  hosts: z
+    .object({
+      /** A node silent this long is lost, with the instances it runs. */
+      lostGraceMs: z.coerce.number().int().min(100).default(30_000),
+      /** A domain no instance owns is removed this long after its host first reports it. */
+      orphanGraceMs: z.coerce.number().int().min(0).default(60_000),
+      /** How often the sweep looks for instances that drifted, silent nodes and orphans. */
+      sweepMs: z.coerce.number().int().min(50).default(5_000),
+      /** Hosts tried before an instance that no host can create is left in error. */
+      maxRecreateAttempts: z.coerce.number().int().min(1).max(20).default(3),
+      joinTokenTtlSeconds: z.coerce.number().int().min(10).default(3600),
+    })
+    .prefault({}),
   vps: z
     .object({
       runtimes: z.array(runtimeId).min(1, "at least one runtime").default(["libvirt-kvm"]),
@@ -116,6 +131,13 @@ export function readEnv(env: NodeJS.ProcessEnv): Record<string, unknown> {
     operatorToken: env.OPERATOR_TOKEN,
     sealKey: env.SEAL_KEY,
     logLevel: env.LOG_LEVEL,
+    hosts: prune({
+      lostGraceMs: env.NODE_LOST_GRACE_MS,
+      orphanGraceMs: env.ORPHAN_GRACE_MS,
+      sweepMs: env.RECONCILE_SWEEP_MS,
+      maxRecreateAttempts: env.MAX_RECREATE_ATTEMPTS,
+      joinTokenTtlSeconds: env.JOIN_TOKEN_TTL_S,
+    }),
     vps: prune({ runtimes: list(env.VPS_RUNTIMES), providers, hostNetwork: env.VPS_HOST_NETWORK }),
   });
 }
@@ -129,7 +151,12 @@ function prune(o: Record<string, unknown>): Record<string, unknown> {
 /** Parse file + env into one Config, or throw INVALID_CONFIG naming the first offending path. */
 export function parseConfig(file: ConfigFile = {}, env: NodeJS.ProcessEnv = {}): Config {
   const fromEnv = readEnv(env);
-  const merged = { ...file, ...fromEnv, vps: { ...file.vps, ...(fromEnv.vps as object | undefined) } };
+  const merged = {
+    ...file,
+    ...fromEnv,
+    hosts: { ...file.hosts, ...(fromEnv.hosts as object | undefined) },
+    vps: { ...file.vps, ...(fromEnv.vps as object | undefined) },
+  };
   const result = schema.safeParse(merged);
   if (!result.success) {
     const issue = result.error.issues[0];

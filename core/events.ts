@@ -15,6 +15,8 @@ export const channels = {
     toState: z.string(),
     version: z.number().int(),
   }),
+  /** A node's desired set changed; keyed by node id, so each agent hears only its own. */
+  nodeSpecs: z.object({ nodeId: z.string(), generation: z.number().int() }),
 } as const;
 export type Channels = { [K in keyof typeof channels]: z.infer<(typeof channels)[K]> };
 export type InstanceEventMessage = Channels["instanceEvents"];

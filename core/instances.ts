@@ -2,6 +2,7 @@ import type { Instance } from "../prisma/generated/client.ts";
 import { audit } from "./audit.ts";
 import { AppError, invalid, notFound } from "./errors.ts";
 import type { InstanceEventMessage } from "./events.ts";
+import { bumpSpecs } from "./hosts.ts";
 import type { IdSource } from "./ids.ts";
 import { releaseLease } from "./leases.ts";
 import { place, releaseAllocation } from "./placement.ts";
@@ -17,6 +18,8 @@ export interface Change {
   instance: InstanceRow;
   /** null when the request changed nothing (already asked for): no version, no event. */
   event: InstanceEventMessage | null;
+  /** Nodes whose spec this change altered, with their new generation: their agents get a new spec. */
+  specs?: { nodeId: string; generation: number }[];
 }
 
 export interface Ctx {
@@ -47,6 +50,10 @@ const settable = {
   node_id: "text",
   addresses: "text[]",
   conditions: "jsonb",
+  attempts: "int",
+  excluded_nodes: "text[]",
+  retry_requested: "boolean",
+  spec_generation: "int",
 } as const;
 export type InstanceSet = Partial<Record<keyof typeof settable, unknown>>;
 
@@ -65,6 +72,12 @@ export async function writeChange(
 ): Promise<Change> {
   const to = (set.state as InstanceState | undefined) ?? (inst.state as InstanceState);
   if (to !== inst.state) assertTransition(inst.state as InstanceState, to);
+  // The nodes it leaves and joins get a new spec generation in this same transaction; a host report is
+  // stale for this instance until it echoes at least the generation of its node after this change.
+  const nextNode = "node_id" in set ? (set.node_id as string | null) : inst.nodeId;
+  const specs = await bumpSpecs(sql, [inst.nodeId, nextNode]);
+  const own = specs.find((g) => g.nodeId === nextNode);
+  if (own) set = { ...set, spec_generation: own.generation };
   const params: unknown[] = [inst.id, ctx.now, inst.state, reason, ctx.actor];
   const assignments = Object.entries(set).map(([col, value]) => {
     const type = settable[col as keyof typeof settable];
@@ -87,7 +100,7 @@ export async function writeChange(
   );
   if (!row) throw notFound("instance", inst.id);
   const { eventId, ...instance } = row;
-  return { instance, event: eventMessage(instance, inst.state, eventId) };
+  return { instance, event: eventMessage(instance, inst.state, eventId), specs };
 }
 
 export function eventMessage(inst: InstanceRow, from: string | null, cursor: string): InstanceEventMessage {

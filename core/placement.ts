@@ -17,13 +17,16 @@ export interface PlaceRequest {
   singleTenant: boolean;
   /** Resize: only this node is considered (the instance's own claim has already been given back). */
   onlyNodeId?: string;
+  /** Recreate: hosts that refused this instance before. */
+  excludeNodeIds?: readonly string[];
 }
 
 const CANDIDATES = 8;
 
 // What a node must have free for the request; $1 pool, $2 vCPUs, $3 MiB, $4 GiB, $5 single-tenant, $6 tenant,
-// $7 the only node to consider (or null).
-const FITS = `n.pool_id = $1 AND n.state = 'ready' AND ($7::text IS NULL OR n.id = $7)
+// $7 the only node to consider (or null), $8 nodes to avoid. Lost and gone nodes take nothing new.
+const FITS = `n.pool_id = $1 AND n.state = 'ready' AND n.lost_at IS NULL AND n.gone_at IS NULL
+  AND ($7::text IS NULL OR n.id = $7) AND NOT (n.id = ANY($8::text[]))
   AND n.cap_vcpus - n.alloc_vcpus >= $2 AND n.cap_memory_mib - n.alloc_memory_mib >= $3 AND n.cap_disk_gib - n.alloc_disk_gib >= $4
   AND (NOT $5::boolean OR n.dedicated_tenant_id IS NULL OR n.dedicated_tenant_id = $6)`;
 
@@ -44,7 +47,7 @@ const CLAIM = `UPDATE nodes n SET alloc_vcpus = alloc_vcpus + $2, alloc_memory_m
  */
 export async function place(sql: Sql, ids: IdSource, req: PlaceRequest): Promise<Placement> {
   const s = req.shape;
-  const base = [req.poolId, s.vcpus, s.memoryMib, s.diskGib, req.singleTenant, req.tenantId, req.onlyNodeId ?? null];
+  const base = [req.poolId, s.vcpus, s.memoryMib, s.diskGib, req.singleTenant, req.tenantId, req.onlyNodeId ?? null, req.excludeNodeIds ?? []];
   const allocationId = ids("alloc");
 
   if (s.gpus.length === 0) {
@@ -56,7 +59,7 @@ export async function place(sql: Sql, ids: IdSource, req: PlaceRequest): Promise
           LIMIT 1 FOR UPDATE SKIP LOCKED),
        claimed AS (${CLAIM} FROM pick WHERE n.id = pick.id AND ${FITS} RETURNING n.id)
        INSERT INTO allocations (id, node_id, instance_id, tenant_id, vcpus, memory_mib, disk_gib)
-       SELECT $8, claimed.id, $9, $6, $2, $3, $4 FROM claimed RETURNING node_id`,
+       SELECT $9, claimed.id, $10, $6, $2, $3, $4 FROM claimed RETURNING node_id`,
       [...base, allocationId, req.instanceId],
     );
     if (fast) return { nodeId: fast.node_id, allocationId, gpus: [] };
@@ -64,10 +67,10 @@ export async function place(sql: Sql, ids: IdSource, req: PlaceRequest): Promise
 
   const candidates = await sql.query<{ id: string }>(
     `SELECT n.id FROM nodes n WHERE ${FITS}
-        AND NOT EXISTS (SELECT 1 FROM jsonb_to_recordset($8::jsonb) AS w(model text, count int)
+        AND NOT EXISTS (SELECT 1 FROM jsonb_to_recordset($9::jsonb) AS w(model text, count int)
                          WHERE (SELECT count(*) FROM node_gpus g WHERE g.node_id = n.id AND g.model = w.model AND g.allocation_id IS NULL) < w.count)
       ORDER BY (SELECT count(*) FROM node_gpus g WHERE g.node_id = n.id AND g.allocation_id IS NULL
-                 AND NOT (g.model = ANY($9::text[]))), n.cap_memory_mib - n.alloc_memory_mib, n.id
+                 AND NOT (g.model = ANY($10::text[]))), n.cap_memory_mib - n.alloc_memory_mib, n.id
       LIMIT ${CANDIDATES}`,
     [...base, JSON.stringify(s.gpus), s.gpus.map((g) => g.model)],
   );
@@ -88,7 +91,7 @@ async function tryNode(sql: Sql, base: unknown[], req: PlaceRequest, nodeId: str
   // A savepoint lets a node whose GPUs went short after the counters were claimed be given back whole.
   await sql.query("SAVEPOINT place_node");
   const claimed = await sql.query<{ id: string }>(
-    `${CLAIM} WHERE n.id = $8 AND ${FITS} ${wait ? "" : "AND n.id IN (SELECT id FROM nodes WHERE id = $8 FOR UPDATE SKIP LOCKED)"} RETURNING n.id`,
+    `${CLAIM} WHERE n.id = $9 AND ${FITS} ${wait ? "" : "AND n.id IN (SELECT id FROM nodes WHERE id = $9 FOR UPDATE SKIP LOCKED)"} RETURNING n.id`,
     [...base, nodeId],
   );
   if (claimed.length === 0) {
@@ -146,8 +149,9 @@ async function unschedulable(sql: Sql, req: PlaceRequest): Promise<AppError> {
   const [stats] = await sql.query<{ ready: number; vcpus: number | null; mem: string | null; disk: string | null }>(
     `SELECT count(*)::int AS ready, max(cap_vcpus - alloc_vcpus) AS vcpus, max(cap_memory_mib - alloc_memory_mib)::text AS mem,
             max(cap_disk_gib - alloc_disk_gib)::text AS disk
-       FROM nodes WHERE pool_id = $1 AND state = 'ready' AND ($2::text IS NULL OR id = $2)`,
-    [req.poolId, req.onlyNodeId ?? null],
+       FROM nodes WHERE pool_id = $1 AND state = 'ready' AND lost_at IS NULL AND gone_at IS NULL AND ($2::text IS NULL OR id = $2)
+        AND NOT (id = ANY($3::text[]))`,
+    [req.poolId, req.onlyNodeId ?? null, req.excludeNodeIds ?? []],
   );
   const where = req.onlyNodeId ? `its node ${req.onlyNodeId}` : `pool ${req.poolId}`;
   const reason = !stats?.ready

@@ -7,6 +7,15 @@ export interface Principal {
   tenantId: string | null;
   operator: boolean;
   scopes: ReadonlySet<Scope>;
+  /** Set for a host agent's node credential: it may read and report for this node only. */
+  nodeId?: string;
+}
+
+/** A host agent, acting for its own node. */
+export function requireNode(p: Principal | null): string {
+  const who = requireAuth(p);
+  if (!who.nodeId) throw forbidden("a node credential is required");
+  return who.nodeId;
 }
 
 export function requireOperator(p: Principal | null): Principal {

@@ -23,4 +23,7 @@ export const INSTANCE_COLUMNS = `id, tenant_id AS "tenantId", pool_id AS "poolId
   image_verified AS "imageVerified", ssh_keys AS "sshKeys", user_data_sealed AS "userDataSealed", runtime,
   state, desired_state AS "desiredState", node_id AS "nodeId", allocation_id AS "allocationId",
   external_id AS "externalId", addresses, conditions, charge, charge_released AS "chargeReleased", version,
+  spec_generation AS "specGeneration", observed_state AS "observedState", observed_error AS "observedError",
+  observed_retryable AS "observedRetryable", observed_shape AS "observedShape", observed_generation AS "observedGeneration",
+  observed_at AS "observedAt", attempts, excluded_nodes AS "excludedNodes", retry_requested AS "retryRequested",
   created_at AS "createdAt", updated_at AS "updatedAt"`;

@@ -3,6 +3,7 @@ import { z } from "zod";
 import { audit } from "./audit.ts";
 import type { Tx } from "./db.ts";
 import { AppError, invalid, notFound } from "./errors.ts";
+import { nodeForCredential } from "./hosts.ts";
 import { type IdSource, sha256Hex } from "./ids.ts";
 import type { Principal } from "./principal.ts";
 import { ensureUsageRows, type QuotaInput, quotaRows, SCALAR_RESOURCES } from "./quota.ts";
@@ -105,6 +106,10 @@ export async function revokeApiToken(tx: Tx, ctx: Ctx, id: string) {
 export async function authenticate(tx: Tx, bearer: string, operatorToken: string | undefined, now: Date): Promise<Principal | null> {
   if (operatorToken && constantTimeEqual(bearer, operatorToken)) {
     return { identityId: OPERATOR_IDENTITY, tenantId: null, operator: true, scopes: new Set<Scope>(tenantScopes) };
+  }
+  if (bearer.startsWith("bcn_")) {
+    const nodeId = await nodeForCredential(prismaSql(tx), bearer);
+    return nodeId ? { identityId: `node:${nodeId}`, tenantId: null, operator: false, scopes: new Set(), nodeId } : null;
   }
   const tok = await tx.apiToken.findUnique({ where: { tokenHash: sha256Hex(bearer) }, include: { identity: true } });
   if (!tok || tok.revokedAt || (tok.expiresAt && tok.expiresAt <= now)) return null;

@@ -8,18 +8,19 @@ import type { Channels } from "../core/events.ts";
  * configured, so every server replica and worker sees every message. Topics carry the deployment's prefix.
  */
 export interface Bus {
-  publish<K extends keyof Channels>(channel: K, message: Channels[K]): void;
-  subscribe<K extends keyof Channels>(channel: K): AsyncIterable<Channels[K]> & AsyncIterator<Channels[K]>;
+  /** `key` narrows a channel to one subject (a node's specs), so subscribers hear only theirs. */
+  publish<K extends keyof Channels>(channel: K, message: Channels[K], key?: string): void;
+  subscribe<K extends keyof Channels>(channel: K, key?: string): AsyncIterable<Channels[K]> & AsyncIterator<Channels[K]>;
   close(): Promise<void>;
 }
 
 export async function openBus(opts: { redisUrl?: string; prefix: string }): Promise<Bus> {
-  const topic = (c: string) => `${opts.prefix}:${c}`;
+  const topic = (c: string, key?: string) => (key ? `${opts.prefix}:${c}:${key}` : `${opts.prefix}:${c}`);
   if (!opts.redisUrl) {
     const pubsub = createPubSub();
     return {
-      publish: (c, m) => pubsub.publish(topic(c), m),
-      subscribe: (c) => pubsub.subscribe(topic(c)) as never,
+      publish: (c, m, k) => pubsub.publish(topic(c, k), m),
+      subscribe: (c, k) => pubsub.subscribe(topic(c, k)) as never,
       close: async () => {},
     };
   }
@@ -29,8 +30,8 @@ export async function openBus(opts: { redisUrl?: string; prefix: string }): Prom
   await Promise.all([publishClient.connect(), subscribeClient.connect()]);
   const pubsub = createPubSub({ eventTarget: createRedisEventTarget({ publishClient, subscribeClient }) });
   return {
-    publish: (c, m) => pubsub.publish(topic(c), m),
-    subscribe: (c) => pubsub.subscribe(topic(c)) as never,
+    publish: (c, m, k) => pubsub.publish(topic(c, k), m),
+    subscribe: (c, k) => pubsub.subscribe(topic(c, k)) as never,
     close: async () => {
       publishClient.disconnect();
       subscribeClient.disconnect();

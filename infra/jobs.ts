@@ -1,21 +1,28 @@
-import { Queue } from "bullmq";
+import { Queue, Worker } from "bullmq";
+import type { Config } from "../core/config.ts";
 import { type JobName, type JobPayload, jobCatalog } from "../worker/catalog.ts";
+import type { Logger } from "./log.ts";
 
 /** The producer side of the job catalog: what the server and the reconcilers use to wake work. */
 export interface Jobs {
   enqueue<N extends JobName>(name: N, payload: JobPayload<N>): Promise<void>;
+  /** Run the catalog's jobs in this process with these handlers (the worker). */
+  run(handlers: Handlers, config: Config, log: Logger): Promise<{ close(): Promise<void> }>;
   close(): Promise<void>;
 }
+
+export type Handlers = { [N in JobName]: (payload: JobPayload<N>) => Promise<void> };
 
 /** BullMQ queue names cannot hold `:`; the catalog's dotted names map to one queue each. */
 export const queueName = (name: JobName) => name.replace(/[^A-Za-z0-9_.-]/g, "-");
 
 export function bullJobs(opts: { redisUrl: string; prefix: string }): Jobs {
+  const connection = { url: opts.redisUrl };
   const queues = new Map<JobName, Queue>();
   const queueFor = (name: JobName) => {
     let q = queues.get(name);
     if (!q) {
-      q = new Queue(queueName(name), { connection: { url: opts.redisUrl }, prefix: opts.prefix });
+      q = new Queue(queueName(name), { connection, prefix: opts.prefix });
       queues.set(name, q);
     }
     return q;
@@ -27,12 +34,32 @@ export function bullJobs(opts: { redisUrl: string; prefix: string }): Jobs {
       // A job id already waiting makes add() a no-op: that is the dedup. Completed jobs are removed so the
       // next wake-up of the same instance is a new job, not swallowed by a kept one (STACK.md, pitfall 7).
       await queueFor(name).add(name, data, {
-        jobId: spec.jobId(data),
+        jobId: spec.jobId(data as never),
         attempts: spec.attempts,
         backoff: { type: "exponential", delay: spec.backoffMs },
         removeOnComplete: true,
         removeOnFail: 1000,
       });
+    },
+    async run(handlers, config, log) {
+      const workers: Worker[] = [];
+      for (const name of Object.keys(jobCatalog) as JobName[]) {
+        const spec = jobCatalog[name];
+        const worker = new Worker(queueName(name), async (job) => handlers[name](spec.payload.parse(job.data) as never), {
+          connection,
+          prefix: opts.prefix,
+          concurrency: spec.concurrency,
+        });
+        worker.on("failed", (job, err) => log.warn("job failed", { job: name, id: job?.id, err: err.message }));
+        workers.push(worker);
+        if (spec.everyMs)
+          await queueFor(name).upsertJobScheduler(
+            name,
+            { every: spec.everyMs(config) },
+            { name, data: {}, opts: { removeOnComplete: true, removeOnFail: 100 } },
+          );
+      }
+      return { close: async () => void (await Promise.all(workers.map((w) => w.close()))) };
     },
     async close() {
       await Promise.all([...queues.values()].map((q) => q.close()));
@@ -40,41 +67,79 @@ export function bullJobs(opts: { redisUrl: string; prefix: string }): Jobs {
   };
 }
 
-export type Handler<N extends JobName> = (payload: JobPayload<N>) => Promise<void>;
-
 /**
- * The embedded mode's job runner: the same catalog and the same dedup (one waiting job per job id), run in
- * this process. Jobs wait until a handler for their name is registered.
+ * The embedded mode's job runner: the same catalog and semantics as BullMQ (one waiting job per job id,
+ * retries with backoff, periodic jobs), in this process. A wake-up for a job that is running is not lost:
+ * it runs again once the current run ends. Jobs wait until `run` provides the handlers.
  */
-export function memoryJobs(): Jobs & { handle<N extends JobName>(name: N, fn: Handler<N>): void; pending(): number } {
-  const waiting = new Map<string, { name: JobName; payload: unknown }>();
-  const handlers = new Map<JobName, Handler<JobName>>();
+export function memoryJobs(): Jobs & { pending(): number } {
+  const waiting = new Map<string, { name: JobName; payload: unknown; attempt: number }>();
+  const active = new Set<string>();
+  const again = new Set<string>();
+  const timers = new Set<NodeJS.Timeout>();
+  let handlers: Handlers | null = null;
+  let log: Logger | null = null;
   let closed = false;
-  const run = (key: string) => {
-    const job = waiting.get(key);
-    const fn = job && handlers.get(job.name);
-    if (!job || !fn || closed) return;
-    waiting.delete(key);
-    void fn(job.payload as never).catch(() => {
-      // Retries are the worker's business (issue: reconcilers); a failed wake-up is re-found by the sweep.
-    });
+
+  const schedule = (key: string, delay = 0) => {
+    if (delay === 0) queueMicrotask(() => void run(key));
+    else {
+      const t = setTimeout(() => (timers.delete(t), void run(key)), delay);
+      timers.add(t);
+    }
   };
+  async function run(key: string) {
+    const job = waiting.get(key);
+    if (!job || !handlers || closed || active.has(key)) return;
+    waiting.delete(key);
+    active.add(key);
+    const spec = jobCatalog[job.name];
+    try {
+      log?.debug("job", { job: job.name, key });
+      await handlers[job.name](job.payload as never);
+    } catch (e) {
+      log?.warn("job failed", { job: job.name, key, attempt: job.attempt, err: String(e) });
+      if (job.attempt < spec.attempts && !waiting.has(key)) {
+        waiting.set(key, { ...job, attempt: job.attempt + 1 });
+        schedule(key, spec.backoffMs * 2 ** (job.attempt - 1));
+      }
+    } finally {
+      active.delete(key);
+      if (again.delete(key) && !waiting.has(key)) {
+        waiting.set(key, { ...job, attempt: 1 });
+        schedule(key);
+      } else if (waiting.has(key)) schedule(key);
+    }
+  }
   return {
     async enqueue(name, payload) {
       const spec = jobCatalog[name];
       const data = spec.payload.parse(payload);
-      const key = `${name}/${spec.jobId(data)}`;
-      if (waiting.has(key)) return;
-      waiting.set(key, { name, payload: data });
-      queueMicrotask(() => run(key));
+      const key = `${name}/${spec.jobId(data as never)}`;
+      if (active.has(key)) again.add(key);
+      if (waiting.has(key) || active.has(key)) return;
+      waiting.set(key, { name, payload: data, attempt: 1 });
+      schedule(key);
     },
-    handle(name, fn) {
-      handlers.set(name, fn as Handler<JobName>);
-      for (const key of [...waiting.keys()]) run(key);
+    async run(h, config, l) {
+      handlers = h;
+      log = l;
+      for (const key of waiting.keys()) schedule(key);
+      const intervals = (Object.keys(jobCatalog) as JobName[]).flatMap((name) => {
+        const every = jobCatalog[name].everyMs;
+        return every ? [setInterval(() => void this.enqueue(name, {} as never), every(config))] : [];
+      });
+      return {
+        close: async () => {
+          for (const i of intervals) clearInterval(i);
+          handlers = null;
+        },
+      };
     },
     pending: () => waiting.size,
     async close() {
       closed = true;
+      for (const t of timers) clearTimeout(t);
     },
   };
 }

@@ -13,7 +13,12 @@ import { migrate } from "./db/migrate.ts";
 import { bullJobs, type Jobs, memoryJobs } from "./jobs.ts";
 import { type Logger, logger } from "./log.ts";
 
-export type Emit = (e: InstanceEventMessage | null) => void;
+/** What a committed change announces: its instance event, and the nodes whose spec it changed. */
+export interface Emission {
+  event: InstanceEventMessage | null;
+  specs?: { nodeId: string; generation: number }[];
+}
+export type Emit = (e: Emission | null) => void;
 
 /** Everything a process of the platform shares: one per server, worker or dev process. */
 export interface Platform {
@@ -90,12 +95,12 @@ export async function openPlatform(config: Config, opts: PlatformOptions = {}): 
   /** Run a transaction, retrying what the database asks to retry; after commit, publish what it emitted. */
   async function withRetry<T>(run: (emit: Emit) => Promise<T>): Promise<T> {
     for (let attempt = 1; ; attempt++) {
-      const events: InstanceEventMessage[] = [];
+      const emitted: Emission[] = [];
       try {
         const result = await run((e) => {
-          if (e) events.push(e);
+          if (e) emitted.push(e);
         });
-        for (const e of events) await afterCommit(e);
+        for (const e of emitted) await afterCommit(e);
         return result;
       } catch (e) {
         // Deadlocks and serialisation failures are the database asking for a retry, not a user error.
@@ -107,12 +112,15 @@ export async function openPlatform(config: Config, opts: PlatformOptions = {}): 
   }
 
   /** Publishing and waking are hints: a failure here delays convergence (the sweep re-finds it), never loses state. */
-  async function afterCommit(e: InstanceEventMessage) {
+  async function afterCommit(e: Emission) {
     try {
-      bus.publish("instanceEvents", e);
-      await jobs.enqueue("vps.instances", { instanceId: e.instanceId });
+      for (const spec of e.specs ?? []) bus.publish("nodeSpecs", spec, spec.nodeId);
+      if (e.event) {
+        bus.publish("instanceEvents", e.event);
+        await jobs.enqueue("vps.instances", { instanceId: e.event.instanceId });
+      }
     } catch (err) {
-      log.warn("after-commit effects failed", { instanceId: e.instanceId, err: String(err) });
+      log.warn("after-commit effects failed", { instanceId: e.event?.instanceId, err: String(err) });
     }
   }
   return platform;

@@ -61,3 +61,54 @@ export function createClient(opts: ClientOptions) {
   };
 }
 export type Client = ReturnType<typeof createClient>;
+
+export interface WsClientOptions {
+  /** The GraphQL endpoint; http(s) is turned into ws(s). */
+  url: string;
+  token?: string;
+  /** Called on every (re)connection; the agent uses it to know it is live again. */
+  onConnected?: () => void;
+  /** Retries forever with backoff unless limited. */
+  retryAttempts?: number;
+}
+
+/**
+ * Subscriptions over graphql-ws, typed like `request`. Reconnects with exponential backoff; a subscription
+ * that was live is re-established on reconnect (the server sends the current state first).
+ */
+export async function createWsClient(opts: WsClientOptions) {
+  const { createClient: createGraphqlWs } = await import("graphql-ws");
+  const WebSocketImpl = (globalThis as { WebSocket?: unknown }).WebSocket ?? (await import("ws")).WebSocket;
+  const client = createGraphqlWs({
+    url: opts.url.replace(/^http/, "ws"),
+    webSocketImpl: WebSocketImpl,
+    connectionParams: opts.token ? { authorization: `Bearer ${opts.token}` } : {},
+    retryAttempts: opts.retryAttempts ?? Number.POSITIVE_INFINITY,
+    shouldRetry: () => true,
+    retryWait: async (retries) => new Promise((r) => setTimeout(r, Math.min(10_000, 250 * 2 ** retries) * (0.5 + Math.random() / 2))),
+    on: { connected: () => opts.onConnected?.() },
+    lazy: false,
+  });
+  return {
+    /** Yields each result; ends when the server completes it; throws an SdkError for GraphQL errors. */
+    subscribe<R, V extends Record<string, unknown>>(doc: TypedDocumentNode<R, V>, variables?: V): AsyncIterableIterator<R> {
+      const it = client.iterate<R>({ query: source(doc), variables: variables ?? {} });
+      return {
+        [Symbol.asyncIterator]() {
+          return this;
+        },
+        async next() {
+          const r = await it.next();
+          if (r.done) return { done: true, value: undefined };
+          if (r.value.errors?.length) throw new SdkError(r.value.errors as SdkError["errors"]);
+          return { done: false, value: r.value.data as R };
+        },
+        async return() {
+          await it.return?.();
+          return { done: true, value: undefined };
+        },
+      };
+    },
+    dispose: () => client.dispose(),
+  };
+}

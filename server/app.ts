@@ -58,6 +58,8 @@ export async function startServer(platform: Platform, opts: { port?: number; hos
       error: (...a: unknown[]) => platform.log.debug(String(a[0])),
     },
     context: async ({ request }) => {
+      // Websocket operations have no HTTP request: onSubscribe below authenticates from connectionParams.
+      if (!request) return { platform, principal: null, requestId: randomUUID() };
       const requestId = request.headers.get("x-request-id") ?? randomUUID();
       counters.requests++;
       return { platform, principal: await principalFor(platform, request.headers.get("authorization")), requestId };

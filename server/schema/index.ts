@@ -6,6 +6,7 @@ import "./pools.ts";
 import "./images.ts";
 import "./flavors.ts";
 import "./instances.ts";
+import "./hosts.ts";
 
 export const schema = builder.toSchema();
 

@@ -154,7 +154,7 @@ async function changeDesired(ctx: Context, id: string, desired: Desired, scope: 
   const p = ctx.principal?.operator ? ctx.principal : requireTenantScope(ctx.principal, scope);
   return ctx.platform.write(async (sql, emit) => {
     const change = await setDesiredState(sql, p, id, desired, writeCtx(ctx));
-    emit(change.event);
+    emit(change);
     return change.instance;
   });
 }
@@ -189,7 +189,7 @@ builder.mutationFields((t) => ({
             idempotencyKey: input.idempotencyKey ?? undefined,
           },
         );
-        emit(admitted.event);
+        emit(admitted);
         return admitted.instance;
       });
     },
@@ -216,7 +216,7 @@ builder.mutationFields((t) => ({
       const p = ctx.principal?.operator ? ctx.principal : requireTenantScope(ctx.principal, "compute:instances:update");
       return ctx.platform.write(async (sql, emit) => {
         const change = await resizeInstance(sql, ctx.platform.ids, p, String(id), flavor, writeCtx(ctx));
-        emit(change.event);
+        emit(change);
         return change.instance;
       });
     },

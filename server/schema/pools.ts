@@ -34,7 +34,10 @@ export const Node = builder.objectRef<NodeRow>("Node").implement({
     id: t.exposeID("id"),
     name: t.exposeString("name"),
     poolId: t.exposeID("poolId"),
-    state: t.field({ type: NodeState, resolve: (n) => n.state as "ready" }),
+    state: t.field({ type: NodeState, resolve: (n) => (n.lostAt ? "lost" : (n.state as "ready")) }),
+    gone: t.boolean({ description: "Declared gone by an operator: its instances are recreated elsewhere.", resolve: (n) => n.goneAt !== null }),
+    specGeneration: t.exposeInt("specGeneration", { description: "Generation of the desired set sent to its agent." }),
+    reportedGeneration: t.exposeInt("reportedGeneration", { description: "The generation its agent last reported converged." }),
     capacity: t.field({
       type: Resources,
       resolve: (n) => ({ vcpus: n.capVcpus, memoryMib: Number(n.capMemoryMib), diskGib: Number(n.capDiskGib), gpus: byModel(n.gpus) }),

@@ -54,8 +54,11 @@ describe("bc dev (embedded: PGlite, in-memory bus and jobs)", () => {
     const second = await startDev(dataDir);
     expect(second.token).toBe(first.token);
     const again = createClient({ url: second.url, token: createApiToken.token });
-    const list = (await again.request(InstancesDocument, { owner: "TENANT" })).instances.edges.map((e) => e.node);
-    expect(list).toMatchObject([{ id: instanceId, state: "PENDING", addresses: ["10.42.0.2"] }]);
+    // The walkthrough's node was made by hand and runs no agent: the reconciler takes the instance as far as
+    // provisioning, where it waits for a host to report it.
+    const list = async () => (await again.request(InstancesDocument, { owner: "TENANT" })).instances.edges.map((e) => e.node);
+    await expect.poll(async () => (await list())[0]?.state, { timeout: 20_000, interval: 200 }).toBe("PROVISIONING");
+    expect(await list()).toMatchObject([{ id: instanceId, addresses: ["10.42.0.2"] }]);
     // The sealing key survived the restart too: sealed user data written before it still opens after.
     const { createInstance } = await again.request(CreateInstanceDocument, {
       input: { poolId: list[0]?.poolId as string, flavor: "small", imageId: list[0]?.imageId as string, userData: "hi" },

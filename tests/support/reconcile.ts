@@ -11,10 +11,10 @@ export async function confirmDeleted(platform: Platform, id: string): Promise<vo
     const ctx = { actor: "test:host", now: platform.now() };
     if (inst.state !== "deleting") {
       const c = await transition(sql, inst, "deleting", "host:deleting", ctx);
-      emit(c.event);
+      emit(c);
       inst = c.instance;
     }
-    emit((await transition(sql, inst, "deleted", "host:gone", ctx)).event);
+    emit(await transition(sql, inst, "deleted", "host:gone", ctx));
   });
 }
 
@@ -23,7 +23,7 @@ export async function walk(platform: Platform, id: string, states: string[]): Pr
   for (const to of states) {
     await platform.write(async (sql, emit) => {
       const inst = await lockInstance(sql, null, id);
-      emit((await transition(sql, inst, to as never, `host:${to}`, { actor: "test:host", now: platform.now() })).event);
+      emit(await transition(sql, inst, to as never, `host:${to}`, { actor: "test:host", now: platform.now() }));
     });
   }
 }

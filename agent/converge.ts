@@ -1,0 +1,83 @@
+import type { InstanceSpec, InstanceStatus, NodeSpec, StatusReport } from "../core/protocol.ts";
+import { type DomainStatus, type Runtime, RuntimeError } from "./runtimes/runtime.ts";
+
+interface Failure {
+  error: string;
+  retryable: boolean;
+  generation: number;
+}
+
+/**
+ * Makes a host match its NodeSpec through a Runtime, and says what it sees. Keeps what the runtime refused so
+ * the report carries it and the same refusal is not retried until the spec asks again.
+ */
+export class Converger {
+  private readonly failures = new Map<string, Failure>();
+
+  constructor(
+    private readonly runtime: Runtime,
+    private readonly onError: (id: string, e: unknown) => void = () => {},
+  ) {}
+
+  async converge(spec: NodeSpec): Promise<void> {
+    const have = new Map((await this.runtime.list()).map((d) => [d.id, d]));
+    const wanted = new Set(spec.instances.map((i) => i.id));
+    for (const id of this.failures.keys()) if (!wanted.has(id)) this.failures.delete(id);
+    for (const inst of spec.instances) {
+      const failed = this.failures.get(inst.id);
+      // A refusal stands until the spec changes and asks for the instance to run again.
+      if (failed && (failed.generation === spec.generation || inst.power === "stopped")) continue;
+      try {
+        await this.one(inst, have.get(inst.id));
+        this.failures.delete(inst.id);
+      } catch (e) {
+        this.onError(inst.id, e);
+        const refused = e instanceof RuntimeError;
+        this.failures.set(inst.id, { error: e instanceof Error ? e.message : String(e), retryable: refused ? e.retryable : true, generation: spec.generation });
+      }
+    }
+    for (const id of spec.remove) {
+      if (!wanted.has(id) && have.has(id)) {
+        try {
+          await this.runtime.remove(id);
+        } catch (e) {
+          this.onError(id, e);
+        }
+      }
+    }
+  }
+
+  private async one(inst: InstanceSpec, d: DomainStatus | undefined): Promise<void> {
+    const rt = this.runtime;
+    if (!d) {
+      await rt.create(inst);
+      d = { id: inst.id, state: "stopped", shape: { vcpus: inst.vcpus, memoryMib: inst.memoryMib, diskGib: inst.diskGib }, addresses: [] };
+    }
+    const shape = { vcpus: inst.vcpus, memoryMib: inst.memoryMib, diskGib: inst.diskGib };
+    const reshaped = d.shape.vcpus !== shape.vcpus || d.shape.memoryMib !== shape.memoryMib || d.shape.diskGib !== shape.diskGib;
+    if (inst.power === "stopped") {
+      if (d.state !== "stopped") await rt.stop(inst.id);
+      if (reshaped) await rt.resize(inst.id, shape);
+      return;
+    }
+    if (d.state === "stopped") {
+      if (reshaped) await rt.resize(inst.id, shape);
+      await rt.start(inst.id);
+      if (inst.power === "paused") await rt.pause(inst.id);
+    } else if (d.state === "paused" && inst.power === "running") await rt.resume(inst.id);
+    else if (d.state === "running" && inst.power === "paused") await rt.pause(inst.id);
+  }
+
+  /** What the host has: every platform-named domain, and the refusals for instances it could not make. */
+  async report(generation: number): Promise<StatusReport> {
+    const domains = await this.runtime.list();
+    const instances: InstanceStatus[] = domains.map((d) => {
+      const f = this.failures.get(d.id);
+      return { id: d.id, state: f ? "failed" : d.state, addresses: d.addresses, error: f?.error ?? null, retryable: f?.retryable ?? false, shape: d.shape };
+    });
+    for (const [id, f] of this.failures) {
+      if (!domains.some((d) => d.id === id)) instances.push({ id, state: "failed", addresses: [], error: f.error, retryable: f.retryable, shape: null });
+    }
+    return { generation, instances, capacity: await this.runtime.capacity() };
+  }
+}

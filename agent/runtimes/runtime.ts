@@ -1,0 +1,45 @@
+import type { Capacity, InstanceSpec } from "../../core/protocol.ts";
+
+/** One domain as a runtime sees it. Only domains the platform named (`inst_…`) are listed. */
+export interface DomainStatus {
+  id: string;
+  state: "running" | "stopped" | "paused";
+  shape: { vcpus: number; memoryMib: number; diskGib: number };
+  addresses: string[];
+}
+
+/**
+ * A runtime refused: `retryable` when another host might succeed (this host lacks something), not when the
+ * request itself is bad (an image whose digest does not match). Carries the runtime's own message.
+ */
+export class RuntimeError extends Error {
+  constructor(
+    message: string,
+    readonly retryable: boolean,
+  ) {
+    super(message);
+    this.name = "RuntimeError";
+  }
+}
+
+/**
+ * What the agent converges a host through. Every method is idempotent: calling it for a state the domain is
+ * already in does nothing. `create` leaves the domain defined and stopped; power is the converger's business.
+ */
+export interface Runtime {
+  readonly id: string;
+  capacity(): Promise<Capacity>;
+  list(): Promise<DomainStatus[]>;
+  /** Fetch and verify the image, make the overlay and the NoCloud seed, define the domain (stopped). */
+  create(spec: InstanceSpec): Promise<void>;
+  start(id: string): Promise<void>;
+  /** Graceful shutdown within a bound, then forced. */
+  stop(id: string): Promise<void>;
+  pause(id: string): Promise<void>;
+  resume(id: string): Promise<void>;
+  /** Change vCPUs, memory and disk of a stopped domain (disk only grows). */
+  resize(id: string, shape: DomainStatus["shape"]): Promise<void>;
+  /** Domain, overlay and seed gone. */
+  remove(id: string): Promise<void>;
+  close(): Promise<void>;
+}

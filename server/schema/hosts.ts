@@ -1,0 +1,117 @@
+import { z } from "zod";
+import { buildNodeSpec, createJoinToken, declareNodeGone, joinNode, recordReport } from "../../core/hosts.ts";
+import { requireAuth, requireNode, requireOperator } from "../../core/principal.ts";
+import { statusReport } from "../../core/protocol.ts";
+import { parseInput } from "../../core/shapes.ts";
+import type { Context } from "../context.ts";
+import { builder } from "./builder.ts";
+
+/** The host gateway: how agents join, receive their node's spec and report what they see. */
+
+const JoinToken = builder.objectRef<{ token: string; expiresAt: Date; poolId: string }>("JoinToken").implement({
+  description: "Single use, short lived; an agent trades it for a node credential. Shown once.",
+  fields: (t) => ({ token: t.exposeString("token"), expiresAt: t.expose("expiresAt", { type: "DateTime" }), poolId: t.exposeID("poolId") }),
+});
+
+const NodeCredential = builder.objectRef<{ nodeId: string; credential: string; poolId: string }>("NodeCredential").implement({
+  description: "What an agent keeps to act as its node: the credential reads and reports for this node only.",
+  fields: (t) => ({ nodeId: t.exposeID("nodeId"), poolId: t.exposeID("poolId"), credential: t.exposeString("credential") }),
+});
+
+const ReportAck = builder.objectRef<{ generation: number }>("ReportAck").implement({
+  fields: (t) => ({ generation: t.exposeInt("generation", { description: "The node's current spec generation." }) }),
+});
+
+const NodeSpecPayload = builder.objectRef<{ generation: number; spec: unknown }>("NodeSpecPayload").implement({
+  description: "A node's whole desired set; `spec` follows the NodeSpec schema of core/protocol.ts.",
+  fields: (t) => ({ generation: t.exposeInt("generation"), spec: t.expose("spec", { type: "JSON" }) }),
+});
+
+builder.mutationFields((t) => ({
+  createJoinToken: t.field({
+    type: JoinToken,
+    args: { poolId: t.arg.id({ required: true }), ttlSeconds: t.arg.int() },
+    resolve: (_r, { poolId, ttlSeconds }, ctx) => {
+      requireOperator(ctx.principal);
+      const ttl = parseInput(
+        z
+          .number()
+          .int()
+          .min(10)
+          .max(7 * 24 * 3600),
+        ttlSeconds ?? ctx.platform.config.hosts.joinTokenTtlSeconds,
+        "ttlSeconds",
+      );
+      return ctx.platform.write((sql) => createJoinToken(sql, ctx.platform.ids, String(poolId), ttl, ctx.platform.now()));
+    },
+  }),
+  joinNode: t.field({
+    type: NodeCredential,
+    description: "Trade a join token (the bearer of this call need not be authenticated) for a node and its credential.",
+    args: { token: t.arg.string({ required: true }), name: t.arg.string({ required: true }) },
+    resolve: (_r, { token, name }, ctx) => ctx.platform.write((sql) => joinNode(sql, ctx.platform.ids, token, name, ctx.platform.now())),
+  }),
+  reportStatus: t.field({
+    type: ReportAck,
+    description: "A host's StatusReport (core/protocol.ts): sent on every change and as a heartbeat.",
+    args: { report: t.arg({ type: "JSON", required: true }) },
+    resolve: async (_r, { report }, ctx) => {
+      const nodeId = requireNode(ctx.principal);
+      const parsed = parseInput(statusReport, report, "report");
+      const { platform } = ctx;
+      const result = await platform.write(async (sql) => {
+        const r = await recordReport(sql, nodeId, parsed, platform.now());
+        const [g] = await sql.query<{ generation: number }>(`SELECT spec_generation AS generation FROM nodes WHERE id = $1`, [nodeId]);
+        return { ...r, generation: g?.generation ?? 0 };
+      });
+      for (const instanceId of result.wake) await platform.jobs.enqueue("vps.instances", { instanceId });
+      return { generation: result.generation };
+    },
+  }),
+  declareNodeGone: t.field({
+    type: "Boolean",
+    description: "The host will not come back: revoke its credential and recreate its instances elsewhere.",
+    args: { id: t.arg.id({ required: true }) },
+    resolve: async (_r, { id }, ctx) => {
+      requireOperator(ctx.principal);
+      const wake = await ctx.platform.write((sql) => declareNodeGone(sql, String(id), ctx.platform.now()));
+      for (const instanceId of wake) await ctx.platform.jobs.enqueue("vps.instances", { instanceId });
+      return true;
+    },
+  }),
+}));
+
+/**
+ * The spec stream: the current spec at once (so a reconnecting agent resumes from the latest), then a new
+ * one whenever the generation moves. Subscribing before the first read means no change can fall between.
+ */
+async function* specStream(ctx: Context, nodeId: string) {
+  const { platform } = ctx;
+  const changes = platform.bus.subscribe("nodeSpecs", nodeId);
+  const read = () => platform.db.transaction((sql) => buildNodeSpec(sql, platform.sealer, { hostNetwork: platform.config.vps.hostNetwork }, nodeId));
+  try {
+    let last = await read();
+    yield { generation: last.generation, spec: last };
+    for await (const m of changes) {
+      if (m.generation <= last.generation) continue;
+      const spec = await read();
+      if (spec.generation <= last.generation) continue;
+      last = spec;
+      yield { generation: spec.generation, spec };
+    }
+  } finally {
+    await changes.return?.();
+  }
+}
+
+builder.subscriptionField("nodeSpec", (t) =>
+  t.field({
+    type: NodeSpecPayload,
+    description: "Host agents: the desired set of the node the credential belongs to.",
+    subscribe: (_r, _a, ctx) => {
+      requireAuth(ctx.principal);
+      return specStream(ctx, requireNode(ctx.principal));
+    },
+    resolve: (payload) => payload,
+  }),
+);

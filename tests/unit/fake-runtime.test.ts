@@ -1,0 +1,259 @@
+import { existsSync, readdirSync, readFileSync, statSync } from "node:fs";
+import { mkdtemp, rm } from "node:fs/promises";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { afterEach, beforeEach, describe, expect, it } from "vitest";
+import { clearFailures, createFakeRuntime, injectFailure } from "../../agent/runtimes/fake.ts";
+import { RuntimeError } from "../../agent/runtimes/runtime.ts";
+import { type InstanceSpec, instanceSpec } from "../../core/protocol.ts";
+
+const key = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIB1Xq0mWdJ9e3S0k alice@laptop";
+const userData = "#!/bin/sh\necho hello from user data > /tmp/hello\n";
+const sha = "ab".repeat(32);
+
+function spec(id: string, over: Partial<InstanceSpec> = {}): InstanceSpec {
+  return instanceSpec.parse({
+    id,
+    power: "running",
+    vcpus: 2,
+    memoryMib: 2048,
+    diskGib: 20,
+    gpus: [],
+    image: { url: "https://images.example/debian-12.qcow2", sha256: sha, format: "qcow2" },
+    sshKeys: [key],
+    userData,
+    hostname: "web-1",
+    nic: { bridge: "br-bc", mac: "52:54:00:12:34:56", address: "10.20.0.5", prefix: 24, gateway: "10.20.0.1" },
+    ...over,
+  });
+}
+
+let dir: string;
+beforeEach(async () => {
+  dir = await mkdtemp(join(tmpdir(), "bc-fake-runtime-"));
+});
+afterEach(async () => {
+  await rm(dir, { recursive: true, force: true });
+});
+
+const stateOf = async (rt: ReturnType<typeof createFakeRuntime>, id: string) => (await rt.list()).find((d) => d.id === id)?.state;
+const rejection = (p: Promise<unknown>) =>
+  p.then(
+    () => {
+      throw new Error("expected a rejection");
+    },
+    (err: unknown) => err,
+  );
+
+describe("fake runtime", () => {
+  it("creates a stopped domain with overlay, seed and a shared base image", async () => {
+    const rt = createFakeRuntime({ dir });
+    await rt.create(spec("inst_a"));
+    expect(await rt.list()).toEqual([{ id: "inst_a", state: "stopped", shape: { vcpus: 2, memoryMib: 2048, diskGib: 20 }, addresses: [] }]);
+
+    const domain = JSON.parse(readFileSync(join(dir, "domains", "inst_a.json"), "utf8"));
+    expect(domain).toMatchObject({
+      id: "inst_a",
+      state: "stopped",
+      mac: "52:54:00:12:34:56",
+      image: { url: "https://images.example/debian-12.qcow2", sha256: sha },
+    });
+    expect(typeof domain.createdAt).toBe("string");
+
+    const overlay = JSON.parse(readFileSync(join(dir, "overlays", "inst_a.qcow2"), "utf8"));
+    expect(overlay).toMatchObject({ backingSha256: sha, virtualSizeGib: 20 });
+
+    const seed = readFileSync(join(dir, "seeds", "inst_a.iso"), "utf8");
+    expect(seed).toContain("alice@laptop");
+    const files = JSON.parse(seed).files;
+    expect(files["meta-data"]).toBe("instance-id: inst_a\nlocal-hostname: web-1\n");
+    expect(files["user-data"]).toContain("#cloud-config\nssh_authorized_keys:\n");
+    expect(files["user-data"]).toContain(key);
+    expect(files["user-data"]).toContain(userData);
+    // Nothing from the spec beyond keys, user data, id and hostname reaches the seed.
+    for (const leak of ["10.20.0.5", "br-bc", "images.example"]) expect(seed).not.toContain(leak);
+
+    const base = join(dir, "images", sha);
+    const inode = statSync(base).ino;
+    await rt.create(spec("inst_b", { userData: null }));
+    expect(readdirSync(join(dir, "images"))).toEqual([sha]);
+    expect(statSync(base).ino).toBe(inode); // reused, not fetched again
+    const seedB = JSON.parse(readFileSync(join(dir, "seeds", "inst_b.iso"), "utf8")).files;
+    expect(seedB["user-data"]).toBe(`#cloud-config\nssh_authorized_keys:\n  - ${JSON.stringify(key)}\n`);
+    expect((await rt.list()).map((d) => d.id)).toEqual(["inst_a", "inst_b"]);
+  });
+
+  it("create is idempotent", async () => {
+    const rt = createFakeRuntime({ dir });
+    await rt.create(spec("inst_a"));
+    await rt.start("inst_a");
+    await rt.create(spec("inst_a", { vcpus: 8 }));
+    expect(await rt.list()).toMatchObject([{ id: "inst_a", state: "running", shape: { vcpus: 2 } }]);
+  });
+
+  it("refuses an image whose digest is not a sha256, for good", async () => {
+    const rt = createFakeRuntime({ dir });
+    const err = await rejection(rt.create(spec("inst_a", { image: { url: "https://x/y", sha256: "../../etc", format: "raw" } })));
+    expect(err).toBeInstanceOf(RuntimeError);
+    expect((err as RuntimeError).retryable).toBe(false);
+    expect(await rt.list()).toEqual([]);
+  });
+
+  it("moves power state, idempotently", async () => {
+    const rt = createFakeRuntime({ dir });
+    await rt.create(spec("inst_a"));
+    await rt.start("inst_a");
+    expect(await stateOf(rt, "inst_a")).toBe("running");
+    await rt.start("inst_a");
+    expect(await stateOf(rt, "inst_a")).toBe("running");
+    await rt.resume("inst_a");
+    expect(await stateOf(rt, "inst_a")).toBe("running");
+    await rt.pause("inst_a");
+    await rt.pause("inst_a");
+    expect(await stateOf(rt, "inst_a")).toBe("paused");
+    await rt.resume("inst_a");
+    expect(await stateOf(rt, "inst_a")).toBe("running");
+    await rt.pause("inst_a");
+    await rt.stop("inst_a"); // a paused domain can be stopped
+    await rt.stop("inst_a");
+    expect(await stateOf(rt, "inst_a")).toBe("stopped");
+  });
+
+  it("refuses invalid transitions and missing domains, not retryable", async () => {
+    const rt = createFakeRuntime({ dir });
+    await rt.create(spec("inst_a"));
+    for (const call of [() => rt.pause("inst_a"), () => rt.resume("inst_a")]) {
+      const err = await rejection(call());
+      expect(err).toBeInstanceOf(RuntimeError);
+      expect((err as RuntimeError).retryable).toBe(false);
+    }
+    await rt.start("inst_a");
+    await rt.pause("inst_a");
+    expect(await rejection(rt.start("inst_a"))).toBeInstanceOf(RuntimeError); // libvirt: already active
+    expect(await stateOf(rt, "inst_a")).toBe("paused");
+
+    const shape = { vcpus: 1, memoryMib: 512, diskGib: 10 };
+    for (const call of [
+      () => rt.start("inst_nope"),
+      () => rt.stop("inst_nope"),
+      () => rt.pause("inst_nope"),
+      () => rt.resume("inst_nope"),
+      () => rt.resize("inst_nope", shape),
+    ]) {
+      const err = await rejection(call());
+      expect(err).toBeInstanceOf(RuntimeError);
+      expect((err as RuntimeError).retryable).toBe(false);
+      expect((err as Error).message).toContain("inst_nope");
+    }
+    expect(await rejection(rt.start("../escape"))).toBeInstanceOf(RuntimeError);
+  });
+
+  it("resizes only a stopped domain, and the disk only grows", async () => {
+    const rt = createFakeRuntime({ dir });
+    await rt.create(spec("inst_a"));
+    await rt.start("inst_a");
+    const running = await rejection(rt.resize("inst_a", { vcpus: 4, memoryMib: 4096, diskGib: 40 }));
+    expect(running).toBeInstanceOf(RuntimeError);
+    expect((running as RuntimeError).retryable).toBe(false);
+    await rt.stop("inst_a");
+
+    const shrink = await rejection(rt.resize("inst_a", { vcpus: 4, memoryMib: 4096, diskGib: 10 }));
+    expect(shrink).toBeInstanceOf(RuntimeError);
+    expect((shrink as RuntimeError).retryable).toBe(false);
+    expect((await rt.list())[0]?.shape).toEqual({ vcpus: 2, memoryMib: 2048, diskGib: 20 });
+
+    await rt.resize("inst_a", { vcpus: 1, memoryMib: 1024, diskGib: 20 }); // cpu and memory may go down
+    await rt.resize("inst_a", { vcpus: 4, memoryMib: 4096, diskGib: 40 });
+    expect((await rt.list())[0]).toMatchObject({ state: "stopped", shape: { vcpus: 4, memoryMib: 4096, diskGib: 40 } });
+    expect(JSON.parse(readFileSync(join(dir, "overlays", "inst_a.qcow2"), "utf8")).virtualSizeGib).toBe(40);
+  });
+
+  it("removes domain, overlay and seed, idempotently", async () => {
+    const rt = createFakeRuntime({ dir });
+    await rt.create(spec("inst_a"));
+    await rt.create(spec("inst_b"));
+    await rt.start("inst_a");
+    await rt.remove("inst_a");
+    await rt.remove("inst_a");
+    await rt.remove("inst_never");
+    for (const p of ["domains/inst_a.json", "overlays/inst_a.qcow2", "seeds/inst_a.iso"]) expect(existsSync(join(dir, p))).toBe(false);
+    expect((await rt.list()).map((d) => d.id)).toEqual(["inst_b"]);
+    expect(existsSync(join(dir, "images", sha))).toBe(true); // the base stays for the next instance
+  });
+
+  it("a second runtime on the same directory sees the same domains", async () => {
+    const first = createFakeRuntime({ dir });
+    await first.create(spec("inst_a"));
+    await first.create(spec("inst_b"));
+    await first.start("inst_a");
+    await first.close();
+
+    const second = createFakeRuntime({ dir });
+    expect(await second.list()).toMatchObject([
+      { id: "inst_a", state: "running" },
+      { id: "inst_b", state: "stopped" },
+    ]);
+    await second.pause("inst_a");
+    expect(await stateOf(second, "inst_a")).toBe("paused");
+    await second.close();
+  });
+
+  it("injected failures: once, then forever, then cleared", async () => {
+    const rt = createFakeRuntime({ dir });
+    injectFailure(dir, "create", { error: "no space left on host", retryable: true, times: 1 });
+    const once = await rejection(rt.create(spec("inst_a")));
+    expect(once).toBeInstanceOf(RuntimeError);
+    expect(once).toMatchObject({ message: "no space left on host", retryable: true });
+    expect(await rt.list()).toEqual([]);
+    expect(existsSync(join(dir, "inject.json"))).toBe(false); // the last use removed the entry
+    await rt.create(spec("inst_a"));
+    expect(await stateOf(rt, "inst_a")).toBe("stopped");
+
+    injectFailure(dir, "start", { error: "image digest mismatch", retryable: false });
+    for (let i = 0; i < 3; i++) expect(await rejection(rt.start("inst_a"))).toMatchObject({ message: "image digest mismatch", retryable: false });
+    expect(JSON.parse(readFileSync(join(dir, "inject.json"), "utf8"))).toEqual({ start: { error: "image digest mismatch", retryable: false } });
+    clearFailures(dir);
+    await rt.start("inst_a");
+    expect(await stateOf(rt, "inst_a")).toBe("running");
+  });
+
+  it("an injected count is spent exactly, even by concurrent calls", async () => {
+    const rt = createFakeRuntime({ dir });
+    injectFailure(dir, "create", { error: "busy", retryable: true, times: 2 });
+    const results = await Promise.allSettled(["inst_a", "inst_b", "inst_c"].map((id) => rt.create(spec(id))));
+    expect(results.filter((r) => r.status === "rejected")).toHaveLength(2);
+    expect(await rt.list()).toHaveLength(1);
+  });
+
+  it("an operation takes effect after its delay", async () => {
+    const rt = createFakeRuntime({ dir, delays: { start: 50 } });
+    await rt.create(spec("inst_a"));
+    const started = rt.start("inst_a");
+    expect(await stateOf(rt, "inst_a")).toBe("stopped");
+    await started;
+    expect(await stateOf(rt, "inst_a")).toBe("running");
+  });
+
+  it("operations on one domain do not interleave", async () => {
+    const rt = createFakeRuntime({ dir, delays: { start: 50 } });
+    await rt.create(spec("inst_a"));
+    await rt.create(spec("inst_b"));
+    const order: string[] = [];
+    const start = rt.start("inst_a").then(() => order.push("start"));
+    // No delay on stop: unserialised, it would find the domain stopped, do nothing, and finish first.
+    const stop = rt.stop("inst_a").then(() => order.push("stop"));
+    // Another domain is not held up by inst_a's queue.
+    await rt.stop("inst_b").then(() => order.push("other"));
+    await Promise.all([start, stop]);
+    expect(order).toEqual(["other", "start", "stop"]);
+    expect(await stateOf(rt, "inst_a")).toBe("stopped");
+  });
+
+  it("reports its capacity", async () => {
+    expect(await createFakeRuntime({ dir }).capacity()).toEqual({ vcpus: 16, memoryMib: 65536, diskGib: 1000, gpus: [] });
+    const capacity = { vcpus: 4, memoryMib: 8192, diskGib: 100, gpus: [{ model: "L4", pciAddress: "0000:01:00.0" }] };
+    const rt = createFakeRuntime({ dir: join(dir, "other"), capacity });
+    expect(await rt.capacity()).toEqual(capacity);
+    expect(rt.id).toBe("fake");
+  });
+});
