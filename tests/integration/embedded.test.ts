@@ -60,8 +60,9 @@ describe("bc dev (embedded: PGlite, in-memory bus and jobs)", () => {
     await expect.poll(async () => (await list())[0]?.state, { timeout: 20_000, interval: 200 }).toBe("PROVISIONING");
     expect(await list()).toMatchObject([{ id: instanceId, addresses: ["10.42.0.2"] }]);
     // The sealing key survived the restart too: sealed user data written before it still opens after.
+    const [made] = await list();
     const { createInstance } = await again.request(CreateInstanceDocument, {
-      input: { poolId: list[0]?.poolId as string, flavor: "small", imageId: list[0]?.imageId as string, userData: "hi" },
+      input: { poolId: made?.poolId as string, flavor: "small", imageId: made?.imageId as string, userData: "hi" },
     });
     expect(createInstance.userData).toBe("hi");
   });
