@@ -54,6 +54,9 @@ const settable = {
   excluded_nodes: "text[]",
   retry_requested: "boolean",
   spec_generation: "int",
+  observed_state: "text",
+  observed_error: "text",
+  observed_generation: "int",
 } as const;
 export type InstanceSet = Partial<Record<keyof typeof settable, unknown>>;
 
@@ -78,6 +81,8 @@ export async function writeChange(
   const specs = await bumpSpecs(sql, [inst.nodeId, nextNode]);
   const own = specs.find((g) => g.nodeId === nextNode);
   if (own) set = { ...set, spec_generation: own.generation };
+  // What the old host saw says nothing about the new one (and generations are per node).
+  if (nextNode !== inst.nodeId) set = { ...set, observed_state: null, observed_error: null, observed_generation: -1 };
   const params: unknown[] = [inst.id, ctx.now, inst.state, reason, ctx.actor];
   const assignments = Object.entries(set).map(([col, value]) => {
     const type = settable[col as keyof typeof settable];

@@ -54,7 +54,7 @@ export function decide(s: Situation): Step | null {
 
   if (s.node?.gone && s.placed) {
     if (s.state === "lost") return { to: "scheduling", reason: "recreate:node-gone", effects: ["recreate"] };
-    if (s.state !== "pending" && s.state !== "scheduling") return { to: "lost", reason: "node-gone" };
+    if (s.state !== "pending" && s.state !== "scheduling" && s.state !== "deleting") return { to: "lost", reason: "node-gone" };
   }
   if (s.node?.lost) {
     const runsThere = ["provisioning", "starting", "running", "stopped", "rebooting", "resizing", "paused", "error"].includes(s.state);
@@ -113,5 +113,7 @@ export function decide(s: Situation): Step | null {
 /** The power state the host should hold a domain in, from where the instance is and what is wanted. */
 export function specPower(state: InstanceState, desired: DesiredState): "running" | "stopped" | "paused" {
   if (state === "error" || state === "resizing" || desired === "stopped" || desired === "deleted") return "stopped";
+  // Pausing is a step from running (the table has no starting → paused): boot first, pause once running.
+  if (desired === "paused" && state !== "running" && state !== "paused") return "running";
   return desired;
 }

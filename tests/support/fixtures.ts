@@ -7,3 +7,12 @@ export function testKey(comment = "me@laptop", seed = 7): string {
 }
 
 export const sha256Of = (c: string) => c.repeat(64).slice(0, 64);
+
+/** Wait until `check` holds, polling; throws after `timeoutMs`. For setup code, where expect.poll is not allowed. */
+export async function until(what: string, check: () => Promise<boolean> | boolean, timeoutMs = 15_000, intervalMs = 50): Promise<void> {
+  const end = Date.now() + timeoutMs;
+  while (!(await check())) {
+    if (Date.now() > end) throw new Error(`timed out after ${timeoutMs} ms waiting for ${what}`);
+    await new Promise((r) => setTimeout(r, intervalMs));
+  }
+}

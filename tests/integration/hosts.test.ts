@@ -1,0 +1,209 @@
+import { existsSync, readFileSync } from "node:fs";
+import { join } from "node:path";
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { createFakeRuntime, injectFailure } from "../../agent/runtimes/fake.ts";
+import {
+  CreateInstanceDocument,
+  CreateJoinTokenDocument,
+  DeclareNodeGoneDocument,
+  DeleteInstanceDocument,
+  InstanceDocument,
+  JoinNodeDocument,
+  NodesDocument,
+  ReportStatusDocument,
+  ResizeInstanceDocument,
+  StartInstanceDocument,
+  StopInstanceDocument,
+} from "../../sdk/client.ts";
+import { testKey } from "../support/fixtures.ts";
+import { expectCode } from "../support/harness.ts";
+import { eventViolations, type Hosts, startHosts, waitForState } from "../support/hosts.ts";
+import { invariantViolations } from "../support/ledger.ts";
+
+let hosts: Hosts;
+beforeAll(async () => {
+  hosts = await startHosts(3);
+});
+afterAll(() => hosts?.close());
+
+type Tenant = Awaited<ReturnType<Hosts["h"]["tenant"]>>;
+let n = 0;
+const create = async (t: Tenant, extra: Record<string, unknown> = {}) =>
+  (
+    await t.client.request(CreateInstanceDocument, {
+      input: { poolId: hosts.poolId, flavor: "small", imageId: hosts.imageId, idempotencyKey: `k${n++}`, ...extra } as never,
+    })
+  ).createInstance;
+const domainFile = (i: number, id: string) => join(hosts.dirs[i] as string, "fake-host", "domains", `${id}.json`);
+const hostOf = async (nodeId: string | null) => {
+  const nodes = await hosts.h.operator.request(NodesDocument, { poolId: hosts.poolId });
+  return nodes.nodes.findIndex((x) => x.id === nodeId) >= 0 ? Number(nodes.nodes.find((x) => x.id === nodeId)?.name.split("-")[1]) - 1 : -1;
+};
+
+describe("instances converge on simulated hosts", () => {
+  it("runs, stops, starts, resizes while stopped and deletes, through real host reports", async () => {
+    const t = await hosts.h.tenant();
+    const inst = await create(t, { sshKeys: [testKey()], userData: "#cloud-config\nhostname: web" });
+    const running = await waitForState(t.client, inst.id, "RUNNING");
+    const host = await hostOf(running?.nodeId ?? null);
+    expect(existsSync(domainFile(host, inst.id))).toBe(true);
+    // The seed holds the keys and user data, and nothing of the platform's credentials.
+    const seed = readFileSync(join(hosts.dirs[host] as string, "fake-host", "seeds", `${inst.id}.iso`), "utf8");
+    expect(seed).toContain("hostname: web");
+    expect(seed).not.toMatch(/bc[jnot]_/);
+
+    await t.client.request(StopInstanceDocument, { id: inst.id });
+    await waitForState(t.client, inst.id, "STOPPED");
+    const resized = (await t.client.request(ResizeInstanceDocument, { id: inst.id, flavor: "medium" })).resizeInstance;
+    expect(resized.state).toBe("RESIZING");
+    await waitForState(t.client, inst.id, "STOPPED");
+    expect(JSON.parse(readFileSync(domainFile(host, inst.id), "utf8")).shape).toMatchObject({ vcpus: 2, memoryMib: 2048 });
+    await t.client.request(StartInstanceDocument, { id: inst.id });
+    await waitForState(t.client, inst.id, "RUNNING");
+    await t.client.request(DeleteInstanceDocument, { id: inst.id });
+    const gone = await waitForState(t.client, inst.id, "DELETED");
+    expect(gone).toMatchObject({ allocationId: null, addresses: [] });
+    expect(existsSync(domainFile(host, inst.id))).toBe(false);
+    expect(await invariantViolations(hosts.h.platform)).toEqual([]);
+    expect(await eventViolations(hosts.h)).toEqual([]);
+  });
+
+  it("creates stopped instances without booting them", async () => {
+    const t = await hosts.h.tenant();
+    const inst = await create(t, { desiredState: "STOPPED" });
+    const stopped = await waitForState(t.client, inst.id, "STOPPED");
+    const file = JSON.parse(readFileSync(domainFile(await hostOf(stopped?.nodeId ?? null), inst.id), "utf8"));
+    expect(file.state).toBe("stopped");
+  });
+});
+
+describe("the host protocol", () => {
+  it("trades a join token once, and only before it expires", async () => {
+    const { createJoinToken } = await hosts.h.operator.request(CreateJoinTokenDocument, { poolId: hosts.poolId });
+    const anon = hosts.h.client();
+    const joined = (await anon.request(JoinNodeDocument, { token: createJoinToken.token, name: "extra-1" })).joinNode;
+    expect(joined.credential).toMatch(/^bcn_/);
+    await expectCode(anon.request(JoinNodeDocument, { token: createJoinToken.token, name: "extra-2" }), "UNAUTHENTICATED");
+    const { createJoinToken: late } = await hosts.h.operator.request(CreateJoinTokenDocument, { poolId: hosts.poolId, ttlSeconds: 10 });
+    await hosts.h.platform.db.prisma.joinToken.updateMany({ where: { expiresAt: late.expiresAt }, data: { expiresAt: new Date(Date.now() - 1000) } });
+    await expectCode(anon.request(JoinNodeDocument, { token: late.token, name: "extra-3" }), "UNAUTHENTICATED");
+    const t = await hosts.h.tenant();
+    await expectCode(t.client.request(CreateJoinTokenDocument, { poolId: hosts.poolId }), "FORBIDDEN");
+    // The extra node never reported: it takes no instances and is not declared lost.
+    await hosts.h.operator.request(DeclareNodeGoneDocument, { id: joined.nodeId });
+  });
+
+  it("lets a node credential report for its own node only", async () => {
+    const t = await hosts.h.tenant();
+    const inst = await create(t);
+    const running = await waitForState(t.client, inst.id, "RUNNING");
+    const { createJoinToken } = await hosts.h.operator.request(CreateJoinTokenDocument, { poolId: hosts.poolId });
+    const other = (await hosts.h.client().request(JoinNodeDocument, { token: createJoinToken.token, name: "intruder" })).joinNode;
+    const intruder = hosts.h.client(other.credential);
+    // Claiming the instance is stopped, from a node it is not on, changes nothing.
+    await intruder.request(ReportStatusDocument, {
+      report: { generation: 999, instances: [{ id: inst.id, state: "stopped" }], capacity: { vcpus: 1, memoryMib: 1024, diskGib: 1 } },
+    });
+    const row = await hosts.h.platform.db.prisma.instance.findUniqueOrThrow({ where: { id: inst.id } });
+    expect(row.observedState).toBe("running");
+    expect(row.nodeId).toBe(running?.nodeId);
+    await expectCode(
+      t.client.request(ReportStatusDocument, { report: { generation: 1, instances: [], capacity: { vcpus: 1, memoryMib: 1, diskGib: 1 } } }),
+      "FORBIDDEN",
+    );
+    await expectCode(intruder.request(ReportStatusDocument, { report: { generation: "x" } }), "INVALID_INPUT");
+    await hosts.h.operator.request(DeclareNodeGoneDocument, { id: other.nodeId });
+    await expectCode(
+      intruder.request(ReportStatusDocument, { report: { generation: 1, instances: [], capacity: { vcpus: 1, memoryMib: 1, diskGib: 1 } } }),
+      "UNAUTHENTICATED",
+    );
+  });
+});
+
+describe("faults", () => {
+  it("marks a silent host lost with its instances, and recovers them when it reports again", async () => {
+    const t = await hosts.h.tenant();
+    const inst = await create(t);
+    const running = await waitForState(t.client, inst.id, "RUNNING");
+    const host = await hostOf(running?.nodeId ?? null);
+    await hosts.stop(host);
+    await waitForState(t.client, inst.id, "LOST");
+    const nodes = (await hosts.h.operator.request(NodesDocument, { poolId: hosts.poolId })).nodes;
+    expect(nodes.find((x) => x.id === running?.nodeId)?.state).toBe("LOST");
+    await hosts.start(host);
+    await waitForState(t.client, inst.id, "RUNNING");
+    expect(await eventViolations(hosts.h)).toEqual([]);
+  });
+
+  it("resumes from the latest spec when an agent restarts after changes it missed", async () => {
+    const t = await hosts.h.tenant();
+    const inst = await create(t);
+    const running = await waitForState(t.client, inst.id, "RUNNING");
+    const host = await hostOf(running?.nodeId ?? null);
+    await hosts.stop(host);
+    await t.client.request(StopInstanceDocument, { id: inst.id });
+    await hosts.start(host);
+    await waitForState(t.client, inst.id, "STOPPED");
+    expect(JSON.parse(readFileSync(domainFile(host, inst.id), "utf8")).state).toBe("stopped");
+  });
+
+  it("removes a domain no instance owns, after the grace", async () => {
+    const orphanId = `inst_${"o".repeat(52)}`;
+    const rt = createFakeRuntime({ dir: join(hosts.dirs[0] as string, "fake-host") });
+    await rt.create({
+      id: orphanId,
+      power: "running",
+      vcpus: 1,
+      memoryMib: 512,
+      diskGib: 5,
+      gpus: [],
+      image: { url: "https://images.invalid/x.qcow2", sha256: "d".repeat(64), format: "qcow2" },
+      sshKeys: [],
+      userData: null,
+      hostname: "orphan",
+      nic: { bridge: "br0", mac: "52:54:00:00:00:01", address: null, prefix: null, gateway: null },
+    });
+    await rt.close();
+    await expect
+      .poll(async () => (await hosts.h.platform.db.prisma.orphan.count({ where: { domainId: orphanId } })) > 0, { timeout: 10_000, interval: 50 })
+      .toBe(true);
+    await expect.poll(() => existsSync(domainFile(0, orphanId)), { timeout: 15_000, interval: 50 }).toBe(false);
+    await expect.poll(async () => hosts.h.platform.db.prisma.orphan.count({ where: { domainId: orphanId } }), { timeout: 10_000, interval: 50 }).toBe(0);
+  });
+
+  it("recreates an instance on another host when its host cannot create it", async () => {
+    const t = await hosts.h.tenant();
+    // Placement is best fit (least free memory), ties by id: ask the database which node the next create gets.
+    const [target] = await hosts.h.platform.db.prisma.$queryRawUnsafe<{ id: string; name: string }[]>(
+      `SELECT id, name FROM nodes WHERE pool_id = $1 AND state = 'ready' AND lost_at IS NULL AND gone_at IS NULL AND cap_vcpus > 0
+        ORDER BY cap_memory_mib - alloc_memory_mib, id LIMIT 1`,
+      hosts.poolId,
+    );
+    const host = Number(target?.name.split("-")[1]) - 1;
+    injectFailure(join(hosts.dirs[host] as string, "fake-host"), "create", { error: "no room for the overlay on /var/lib", retryable: true, times: 1 });
+    const inst = await create(t);
+    expect(inst.nodeId).toBe(target?.id);
+    const running = await waitForState(t.client, inst.id, "RUNNING");
+    expect(running?.nodeId).not.toBe(target?.id);
+    const row = await hosts.h.platform.db.prisma.instance.findUniqueOrThrow({ where: { id: inst.id } });
+    expect(row).toMatchObject({ attempts: 1, excludedNodes: [target?.id] });
+    const reasons = (await hosts.h.platform.db.prisma.instanceEvent.findMany({ where: { instanceId: inst.id }, orderBy: { version: "asc" } })).map(
+      (e) => e.reason,
+    );
+    expect(reasons).toContain("recreate:host-refused");
+    expect(await invariantViolations(hosts.h.platform)).toEqual([]);
+    expect(await eventViolations(hosts.h)).toEqual([]);
+  });
+
+  it("puts an instance no host can create in error, with the runtime's message", async () => {
+    const t = await hosts.h.tenant();
+    for (const dir of hosts.dirs) injectFailure(join(dir, "fake-host"), "create", { error: "image digest mismatch: got 1234", retryable: false, times: 1 });
+    const inst = await create(t);
+    const failed = await waitForState(t.client, inst.id, "ERROR");
+    expect(failed?.conditions).toEqual([{ type: "RuntimeError", reason: "HostReported", message: "image digest mismatch: got 1234" }]);
+    await t.client.request(DeleteInstanceDocument, { id: inst.id });
+    await waitForState(t.client, inst.id, "DELETED");
+    expect(await invariantViolations(hosts.h.platform)).toEqual([]);
+    expect((await t.client.request(InstanceDocument, { id: inst.id })).instance?.allocationId).toBeNull();
+  });
+});
