@@ -19,7 +19,8 @@ const usage = `bc — the Better Compute control plane
                          (PGlite under .data/, in-memory pub/sub and jobs) unless DATABASE_URL / REDIS_URL
   bc server              the GraphQL API (HTTP + websocket) and host gateway on PORT; needs SEAL_KEY
   bc worker              the reconcilers and periodic jobs (BullMQ on REDIS_URL)
-  bc agent --server URL [--join-token T] [--runtime fake] [--name N] [--state-dir D]
+  bc agent --server URL [--join-token T] [--runtime fake] [--name N] [--state-dir D] [--heartbeat-ms MS]
+           [--vcpus N --memory-mib N --disk-gib N]   (what a simulated host offers)
                          a host agent: joins once (the credential is kept in the state dir), then converges
   bc migrate             apply the committed migrations to DATABASE_URL (or the embedded database)
   bc migrate --create N  write prisma/migrations/<ts>_N from the schema's changes (development)
@@ -136,6 +137,10 @@ async function agentCommand(args: string[]) {
       },
       "state-dir": { type: "string" },
       "heartbeat-ms": { type: "string", default: "5000" },
+      // What a simulated host offers (the fake runtime); real runtimes read it from the host.
+      vcpus: { type: "string", default: "16" },
+      "memory-mib": { type: "string", default: "65536" },
+      "disk-gib": { type: "string", default: "1000" },
     },
   });
   if (!values.server) throw new AppError("INVALID_CONFIG", "bc agent needs --server URL");
@@ -148,7 +153,10 @@ async function agentCommand(args: string[]) {
     joinToken: values["join-token"],
     name: values.name as string,
     stateDir,
-    runtime: await make({ stateDir }),
+    runtime: await make({
+      stateDir,
+      capacity: { vcpus: Number(values.vcpus), memoryMib: Number(values["memory-mib"]), diskGib: Number(values["disk-gib"]), gpus: [] },
+    }),
     heartbeatMs: Number(values["heartbeat-ms"]),
     log: (m, f) => log.info(m, f),
   });

@@ -154,6 +154,9 @@ export async function resizeInstance(sql: Sql, ids: IdSource, who: Principal, id
   const next: Shape = parseInput(shapeSchema, flavor, "flavor");
   const held = gpuCount({ gpus: inst.gpus as Shape["gpus"] });
   if (gpuCount(next) !== held) throw invalid(`resize keeps the GPU count: ${inst.flavor} has ${held}, ${flavor.name} has ${gpuCount(next)}`);
+  // A disk only grows: shrinking it would cut off whatever the guest wrote past the new end.
+  if (next.diskGib < inst.diskGib)
+    throw invalid(`resize cannot shrink the disk: ${inst.flavor} has ${inst.diskGib} GiB, ${flavor.name} has ${next.diskGib} GiB`);
   if (!inst.nodeId || !inst.allocationId) throw new AppError("PRECONDITION_FAILED", `instance ${id} holds no placement`);
 
   await releaseAllocation(sql, inst.allocationId);

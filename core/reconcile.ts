@@ -61,7 +61,7 @@ export function decide(s: Situation): Step | null {
     return runsThere ? { to: "lost", reason: "host-silent" } : null;
   }
 
-  if (o?.state === "failed" && ["provisioning", "starting", "running", "paused"].includes(s.state)) {
+  if (o?.state === "failed" && ["provisioning", "starting", "running", "paused", "resizing"].includes(s.state)) {
     if (s.state === "provisioning" && o.retryable && s.attempts + 1 < s.maxAttempts) {
       return { to: "scheduling", reason: "recreate:host-refused", effects: ["recreate"], runtimeError: o.error ?? "the host could not create the instance" };
     }

@@ -135,9 +135,17 @@ export async function startServer(platform: Platform, opts: { port?: number; hos
   return {
     server,
     url: `http://${host.includes(":") ? `[${host}]` : host}:${port}/graphql`,
+    /**
+     * Graceful stop: websocket clients are closed with "going away" (1001, which clients retry), idle keep-alive
+     * connections at once, and requests still in flight get a few seconds before their connections are cut.
+     */
     async close() {
       await ws.dispose();
-      await new Promise<void>((resolve) => server.close(() => resolve()));
+      await new Promise<void>((resolve) => {
+        server.close(() => resolve());
+        server.closeIdleConnections();
+        setTimeout(() => server.closeAllConnections(), 5000).unref();
+      });
     },
   };
 }

@@ -131,6 +131,16 @@ describe("resize", () => {
     expect(await invariantViolations(h.platform)).toEqual([]);
   });
 
+  it("never shrinks a disk", async () => {
+    const inst = await stoppedInstance("medium", "shrink");
+    const before = await ledger(h.platform);
+    const err = await expectCode(t.client.request(ResizeInstanceDocument, { id: inst.id, flavor: "small" }), "INVALID_INPUT");
+    expect(err.message).toMatch(/cannot shrink the disk: medium has 40 GiB, small has 20 GiB/);
+    expect(await ledger(h.platform)).toEqual(before);
+    await t.client.request(DeleteInstanceDocument, { id: inst.id });
+    await confirmDeleted(h.platform, inst.id);
+  });
+
   it("keeps the GPU count, and moves a GPU between models", async () => {
     const inst = await stoppedInstance("l40s", "gpu");
     await expectCode(t.client.request(ResizeInstanceDocument, { id: inst.id, flavor: "small" }), "INVALID_INPUT");

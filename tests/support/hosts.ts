@@ -83,7 +83,7 @@ export async function waitForState(client: Client, id: string, state: string, ti
 }
 
 /** Every recorded change moved along the state table, and versions are 1..n with one event each. */
-export async function eventViolations(h: Harness): Promise<string[]> {
+export async function eventViolations(h: { platform: Pick<Harness["platform"], "db"> }): Promise<string[]> {
   const events = await h.platform.db.prisma.instanceEvent.findMany({ orderBy: [{ instanceId: "asc" }, { version: "asc" }] });
   const out: string[] = [];
   let prev: (typeof events)[number] | undefined;

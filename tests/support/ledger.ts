@@ -1,10 +1,12 @@
 import type { Platform } from "../../infra/platform.ts";
 
+type WithDb = Pick<Platform, "db">;
+
 /**
  * Everything admission can touch, counted. A refused request must leave it exactly as it was; after any
  * sequence, usage must equal the charges of live instances and node counters the sum of their allocations.
  */
-export async function ledger(platform: Platform) {
+export async function ledger(platform: WithDb) {
   const q = <T>(sql: string) => platform.db.prisma.$queryRawUnsafe<T[]>(sql);
   const [counts] = await q<Record<string, bigint>>(`SELECT
       (SELECT count(*) FROM instances) AS instances, (SELECT count(*) FROM allocations) AS allocations,
@@ -20,7 +22,7 @@ export async function ledger(platform: Platform) {
 }
 
 /** The invariants of ARCHITECTURE.md, checked against the rows themselves. Returns the violations found. */
-export async function invariantViolations(platform: Platform): Promise<string[]> {
+export async function invariantViolations(platform: WithDb): Promise<string[]> {
   const q = <T>(sql: string) => platform.db.prisma.$queryRawUnsafe<T[]>(sql);
   const out: string[] = [];
   const push = (label: string, rows: unknown[]) => {

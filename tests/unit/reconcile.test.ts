@@ -118,6 +118,11 @@ const cases: [name: string, over: Partial<Situation>, expected: Expected][] = [
   ["stopped, wanted stopped → nothing", { state: "stopped", desired: "stopped", observed: seen("stopped") }, null],
   ["resizing, host stopped with the new shape → stopped", { state: "resizing", desired: "stopped", observed: seen("stopped") }, { to: "stopped" }],
   ["resizing, host stopped with the old shape → wait", { state: "resizing", desired: "stopped", observed: seen("stopped", { shapeMatches: false }) }, null],
+  [
+    "resizing, host refuses the new shape → error with its message",
+    { state: "resizing", desired: "stopped", observed: seen("failed", { error: "cannot shrink", retryable: false }) },
+    { to: "error", runtimeError: "cannot shrink" },
+  ],
   ["running, wanted paused, host paused → paused", { state: "running", desired: "paused", observed: seen("paused") }, { to: "paused" }],
   ["running, wanted paused, host not yet paused → wait", { state: "running", desired: "paused", observed: seen("running") }, null],
   ["paused, wanted paused → nothing", { state: "paused", desired: "paused", observed: seen("paused") }, null],

@@ -1,0 +1,139 @@
+import { readdirSync } from "node:fs";
+import { afterEach, describe, expect, it } from "vitest";
+import {
+  type Client,
+  CreateApiTokenDocument,
+  CreateInstanceDocument,
+  CreateTenantDocument,
+  DeleteInstanceDocument,
+  ResizeInstanceDocument,
+  StartInstanceDocument,
+  StopInstanceDocument,
+} from "../../sdk/client.ts";
+import { until } from "../support/fixtures.ts";
+import { eventViolations } from "../support/hosts.ts";
+import { invariantViolations, ledger } from "../support/ledger.ts";
+import { type Cluster, startCluster } from "./processes.ts";
+
+/** A small seeded PRNG (mulberry32): the same seed gives the same churn. */
+function prng(seed: number) {
+  let a = seed >>> 0;
+  return () => {
+    a = (a + 0x6d2b79f5) >>> 0;
+    let t = Math.imul(a ^ (a >>> 15), 1 | a);
+    t = (t + Math.imul(t ^ (t >>> 7), 61 | t)) ^ t;
+    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
+  };
+}
+
+/** Refusals a churn meets by racing its own requests (or asking to shrink a disk); anything else fails the run. */
+const EXPECTED = new Set(["PRECONDITION_FAILED", "UNSCHEDULABLE", "INVALID_INPUT"]);
+
+let cluster: Cluster | undefined;
+afterEach(async () => {
+  await cluster?.close();
+  cluster = undefined;
+});
+
+async function churn(c: Cluster, opts: { seed: number; instances: number; faults: boolean }) {
+  const rand = prng(opts.seed);
+  const pick = <T>(xs: T[]) => xs[Math.floor(rand() * xs.length)] as T;
+  const { createTenant } = await c.operator.request(CreateTenantDocument, { input: { name: `churn-${opts.seed}` } });
+  const { createApiToken } = await c.operator.request(CreateApiTokenDocument, { input: { tenantId: createTenant.id, name: "churn" } });
+  const t: Client = c.client(createApiToken.token);
+  const refused = async (p: Promise<unknown>) => {
+    try {
+      await p;
+    } catch (e) {
+      if (!EXPECTED.has((e as { code: string }).code)) throw e;
+    }
+  };
+  const states = async () =>
+    c.inspect((p) => p.db.prisma.instance.findMany({ where: { tenantId: createTenant.id }, select: { id: true, state: true, desiredState: true } }));
+  const settle = (what: string) =>
+    until(what, async () => (await states()).every((i) => i.state === i.desiredState || i.state === "error"), 60_000, 100).catch(async (e) => {
+      const stuck = await c.inspect((p) =>
+        p.db.prisma.instance.findMany({
+          where: { tenantId: createTenant.id, NOT: { state: { in: ["deleted", "error"] } } },
+          select: {
+            id: true,
+            state: true,
+            desiredState: true,
+            observedState: true,
+            observedGeneration: true,
+            specGeneration: true,
+            nodeId: true,
+            conditions: true,
+            version: true,
+          },
+        }),
+      );
+      const nodes = await c.inspect((p) =>
+        p.db.prisma.node.findMany({ select: { id: true, specGeneration: true, reportedGeneration: true, lostAt: true, lastReportAt: true } }),
+      );
+      throw new Error(
+        `${(e as Error).message}; unsettled: ${JSON.stringify(stuck.filter((i) => i.state !== i.desiredState).slice(0, 5))} nodes: ${JSON.stringify(nodes)}`,
+      );
+    });
+
+  const live: string[] = [];
+  let created = 0;
+  for (let round = 0; created < opts.instances || round < 12; round++) {
+    // A round: a burst of random requests, racing the reconciler, then let the hosts catch up.
+    for (let k = 0; k < 40; k++) {
+      const r = rand();
+      if ((r < 0.45 || live.length === 0) && created < opts.instances) {
+        const id = (
+          await t.request(CreateInstanceDocument, {
+            input: {
+              poolId: c.poolId,
+              flavor: pick(["tiny", "small"]),
+              imageId: c.imageId,
+              idempotencyKey: `c${created++}`,
+              desiredState: rand() < 0.2 ? "STOPPED" : "RUNNING",
+            },
+          })
+        ).createInstance.id;
+        live.push(id);
+      } else if (live.length === 0) {
+        break;
+      } else if (r < 0.6) await refused(t.request(StopInstanceDocument, { id: pick(live) }));
+      else if (r < 0.75) await refused(t.request(StartInstanceDocument, { id: pick(live) }));
+      else if (r < 0.87) await refused(t.request(ResizeInstanceDocument, { id: pick(live), flavor: pick(["tiny", "small"]) }));
+      else {
+        const id = pick(live);
+        await t.request(DeleteInstanceDocument, { id });
+        live.splice(live.indexOf(id), 1);
+      }
+    }
+    if (opts.faults && round === 3) {
+      // Mid-churn, with work in flight: a worker and a host die without warning and come back.
+      await Promise.all([c.restartWorker("SIGKILL"), c.restartAgent(1, "SIGKILL")]);
+    }
+    await settle(`round ${round} to settle`);
+  }
+  for (const id of live) await t.request(DeleteInstanceDocument, { id });
+  await until("every instance to be deleted", async () => (await states()).every((i) => i.state === "deleted"), 90_000, 100);
+  return { tenantId: createTenant.id, created };
+}
+
+describe("churn acceptance", () => {
+  for (const faults of process.env.CHURN_ONLY === "plain" ? [false] : [false, true]) {
+    it(`churns 200 instances on 3 simulated hosts${faults ? ", killing and restarting a worker and an agent midway," : ""} and leaks nothing`, async () => {
+      cluster = await startCluster({ hosts: 3 });
+      const { created } = await churn(cluster, { seed: faults ? 7 : 42, instances: 200, faults });
+      expect(created).toBe(200);
+      await cluster.inspect(async (p) => {
+        expect(await invariantViolations(p)).toEqual([]);
+        expect(await eventViolations({ platform: p })).toEqual([]);
+        const l = await ledger(p);
+        expect(l.counts).toMatchObject({ allocations: 0, leases: 0, gpus_held: 0 });
+        expect(l.usage).toEqual([]);
+        expect(l.nodes.every((n: { v: number; m: number; d: number; n: number }) => n.v === 0 && n.m === 0 && n.d === 0 && n.n === 0)).toBe(true);
+        expect(await p.db.prisma.instance.count({ where: { state: { not: "deleted" } } })).toBe(0);
+      });
+      // No domain is left on any host.
+      await until("hosts to remove every domain", () => cluster?.hostDirs().every((d) => readdirSync(d).length === 0) ?? false, 30_000);
+    }, 300_000);
+  }
+});
