@@ -149,14 +149,10 @@ export async function buildNodeSpec(sql: Sql, sealer: Sealer, settings: Pick<Hos
  * the report's generation has caught up with the instance's last change.
  */
 export async function recordReport(sql: Sql, nodeId: string, report: StatusReport, now: Date): Promise<{ wake: string[]; recovered: boolean }> {
-  const [node] = await sql.query<{ wasLost: boolean }>(
-    `UPDATE nodes SET last_report_at = $2, reported_generation = $3, lost_at = NULL WHERE id = $1 AND gone_at IS NULL
-     RETURNING (SELECT lost_at IS NOT NULL FROM nodes WHERE id = $1) AS "wasLost"`,
-    [nodeId, now, report.generation],
-  );
+  // Lock order, everywhere: instance rows before node rows (an instance change bumps its node's generation).
+  // So the node row is read here without a lock and written last.
+  const [node] = await sql.query<{ wasLost: boolean }>(`SELECT lost_at IS NOT NULL AS "wasLost" FROM nodes WHERE id = $1 AND gone_at IS NULL`, [nodeId]);
   if (!node) throw new AppError("UNAUTHENTICATED", `node ${nodeId} is gone`);
-  await applyReportedCapacity(sql, nodeId, report.capacity);
-
   const seen = report.instances.map((i) => ({ ...i, shape: i.shape ?? null }));
   const changed = await sql.query<{ id: string }>(
     `UPDATE instances i SET observed_state = r.state, observed_error = r.error, observed_retryable = r.retryable,
@@ -189,6 +185,8 @@ export async function recordReport(sql: Sql, nodeId: string, report: StatusRepor
         AND (NOT (o.domain_id = ANY($2::text[])) OR EXISTS (SELECT 1 FROM instances i WHERE i.id = o.domain_id AND i.node_id = $1 AND i.state <> 'deleted'))`,
     [nodeId, ids],
   );
+  await sql.query(`UPDATE nodes SET last_report_at = $2, reported_generation = $3, lost_at = NULL WHERE id = $1`, [nodeId, now, report.generation]);
+  await applyReportedCapacity(sql, nodeId, report.capacity);
   let wake = [...changed, ...vanished].map((r) => r.id);
   if (node.wasLost) {
     const all = await sql.query<{ id: string }>(`SELECT id FROM instances WHERE node_id = $1 AND state <> 'deleted'`, [nodeId]);

@@ -81,6 +81,8 @@ builder.mutationFields((t) => ({
   }),
 }));
 
+const SPEC_COALESCE_MS = 25;
+
 /**
  * The spec stream: the current spec at once (so a reconnecting agent resumes from the latest), then a new
  * one whenever the generation moves. Subscribing before the first read means no change can fall between.
@@ -94,6 +96,8 @@ async function* specStream(ctx: Context, nodeId: string) {
     yield { generation: last.generation, spec: last };
     for await (const m of changes) {
       if (m.generation <= last.generation) continue;
+      // A burst of changes is one rebuild: let the rest of the burst land before reading the spec.
+      await new Promise((r) => setTimeout(r, SPEC_COALESCE_MS));
       const spec = await read();
       if (spec.generation <= last.generation) continue;
       last = spec;

@@ -30,7 +30,8 @@ function prng(seed: number) {
 const EXPECTED = new Set(["PRECONDITION_FAILED", "UNSCHEDULABLE", "INVALID_INPUT"]);
 
 let cluster: Cluster | undefined;
-afterEach(async () => {
+afterEach(async (ctx) => {
+  if (ctx.task.result?.state === "fail" && cluster) console.error(`process errors:\n${cluster.errors().slice(0, 20).join("\n")}`);
   await cluster?.close();
   cluster = undefined;
 });
@@ -77,6 +78,7 @@ async function churn(c: Cluster, opts: { seed: number; instances: number; faults
     });
 
   const live: string[] = [];
+  const tStart = Date.now();
   let created = 0;
   for (let round = 0; created < opts.instances || round < 12; round++) {
     // A round: a burst of random requests, racing the reconciler, then let the hosts catch up.
@@ -110,10 +112,16 @@ async function churn(c: Cluster, opts: { seed: number; instances: number; faults
       // Mid-churn, with work in flight: a worker and a host die without warning and come back.
       await Promise.all([c.restartWorker("SIGKILL"), c.restartAgent(1, "SIGKILL")]);
     }
+    const t0 = Date.now();
     await settle(`round ${round} to settle`);
+    if (process.env.CHURN_TIMING) console.log(`TIMING round ${round}: settled in ${Date.now() - t0} ms, ${live.length} live`);
   }
+  const t1 = Date.now();
   for (const id of live) await t.request(DeleteInstanceDocument, { id });
+  const t2 = Date.now();
   await until("every instance to be deleted", async () => (await states()).every((i) => i.state === "deleted"), 90_000, 100);
+  if (process.env.CHURN_TIMING) console.log(`TIMING delete requests ${t2 - t1} ms, deleted after ${Date.now() - t2} ms`);
+  if (process.env.CHURN_TIMING) console.log(`TIMING churn total ${Date.now() - tStart} ms`);
   return { tenantId: createTenant.id, created };
 }
 

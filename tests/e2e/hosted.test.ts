@@ -16,7 +16,11 @@ let c: Cluster;
 beforeAll(async () => {
   c = await startCluster({ hosts: 3 });
 });
-afterAll(() => c?.close());
+afterAll(async () => {
+  const errors = c?.errors() ?? [];
+  if (errors.length) console.error(`process errors:\n${errors.slice(0, 20).join("\n")}`);
+  await c?.close();
+});
 
 describe("server, worker and three agents as separate processes", () => {
   it("converge instances through their whole lifecycle, and survive a server restart", async () => {

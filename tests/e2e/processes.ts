@@ -118,6 +118,14 @@ export async function startCluster(opts: { hosts: number; capacity?: { vcpus: nu
     worker: new Proc("worker", ["worker"], env),
     agents: [] as Proc[],
     client: (token?: string): Client => createClient({ url, token }),
+    /** The error lines every process printed, for a failing test's message. */
+    errors: () =>
+      [cluster.server, cluster.worker, ...cluster.agents].flatMap((p) =>
+        p.out
+          .split("\n")
+          .filter((l) => /"level":"error"|Error/.test(l))
+          .map((l) => `${p.name}: ${l}`),
+      ),
     /** The fake runtimes' domain folders, one per host. */
     hostDirs: () => Array.from({ length: opts.hosts }, (_, i) => join(root, `host-${i + 1}`, "fake-host", "domains")),
     async restartServer(signal: NodeJS.Signals = "SIGTERM") {

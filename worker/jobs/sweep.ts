@@ -23,7 +23,10 @@ export async function sweep(platform: Platform): Promise<void> {
        UNION ALL
        (SELECT id, 'instance', 0 FROM instances
          WHERE state <> 'deleted' AND state <> desired_state AND NOT (state = 'error' AND NOT retry_requested)
+           AND updated_at < $1
          ORDER BY updated_at LIMIT ${BATCH})`,
+      // Only instances idle for a while: one that changed just now has a wake-up in flight already.
+      [new Date(now.getTime() - Math.max(1000, hosts.sweepMs))],
     ),
   );
   for (const n of pending.filter((p) => p.kind === "node")) platform.bus.publish("nodeSpecs", { nodeId: n.id, generation: n.generation }, n.id);
