@@ -47,11 +47,13 @@ export async function startAgent(opts: AgentOptions) {
       log("report failed", { err: String(e) });
     }
   };
+  // One pass at a time; a spec arriving during a pass makes the loop go round again. `running` is cleared in
+  // the same tick as the last check of `again`, so no spec can slip in between and be left unapplied.
   const pass = async () => {
-    do {
+    while (again && !closed) {
       again = false;
       const spec = latest;
-      if (!spec) return;
+      if (!spec) break;
       try {
         await converger.converge(spec);
         converged = spec.generation;
@@ -59,16 +61,12 @@ export async function startAgent(opts: AgentOptions) {
         log("converge failed", { err: String(e) });
       }
       await report();
-    } while (again && !closed);
+    }
+    running = null;
   };
   const kick = () => {
-    if (running) {
-      again = true;
-      return;
-    }
-    running = pass().finally(() => {
-      running = null;
-    });
+    again = true;
+    if (!running) running = pass();
   };
 
   const ws = await createWsClient({ url: opts.server, token: identity.credential, onConnected: () => log("connected") });
@@ -89,7 +87,8 @@ export async function startAgent(opts: AgentOptions) {
       await sleep(Math.min(10_000, 250 * 2 ** attempt));
     }
   })();
-  const heartbeat = setInterval(() => void report(), opts.heartbeatMs ?? 5000);
+  // The heartbeat reports, and re-runs a pass if the newest spec is somehow not applied yet.
+  const heartbeat = setInterval(() => (latest && latest.generation > converged ? kick() : void report()), opts.heartbeatMs ?? 5000);
 
   return {
     nodeId: identity.nodeId,

@@ -20,7 +20,7 @@ const usage = `bc — the Better Compute control plane
   bc server              the GraphQL API (HTTP + websocket) and host gateway on PORT; needs SEAL_KEY
   bc worker              the reconcilers and periodic jobs (BullMQ on REDIS_URL)
   bc agent --server URL [--join-token T] [--runtime fake] [--name N] [--state-dir D] [--heartbeat-ms MS]
-           [--vcpus N --memory-mib N --disk-gib N]   (what a simulated host offers)
+           [--vcpus N --memory-mib N --disk-gib N] [--delay-ms MS]   (a simulated host: what it offers, how slow)
                          a host agent: joins once (the credential is kept in the state dir), then converges
   bc migrate             apply the committed migrations to DATABASE_URL (or the embedded database)
   bc migrate --create N  write prisma/migrations/<ts>_N from the schema's changes (development)
@@ -141,6 +141,7 @@ async function agentCommand(args: string[]) {
       vcpus: { type: "string", default: "16" },
       "memory-mib": { type: "string", default: "65536" },
       "disk-gib": { type: "string", default: "1000" },
+      "delay-ms": { type: "string", default: "0" },
     },
   });
   if (!values.server) throw new AppError("INVALID_CONFIG", "bc agent needs --server URL");

@@ -1,5 +1,4 @@
 import type { Instance } from "../prisma/generated/client.ts";
-import { audit } from "./audit.ts";
 import { AppError, invalid, notFound } from "./errors.ts";
 import type { InstanceEventMessage } from "./events.ts";
 import { bumpSpecs } from "./hosts.ts";

@@ -56,7 +56,7 @@ export async function openDatabase(opts: { databaseUrl?: string; dataDir?: strin
         try {
           await client.query("BEGIN");
           const result = await fn({
-            query: async <T>(text: string, params?: readonly unknown[]) => (await client.query(text, params as unknown[])).rows as T[],
+            query: async <T>(text: string, params?: readonly unknown[]) => (await client.query(prepared(text, params))).rows as T[],
           });
           await client.query("COMMIT");
           return result;

@@ -85,17 +85,34 @@ const SPEC_COALESCE_MS = 25;
 
 /**
  * The spec stream: the current spec at once (so a reconnecting agent resumes from the latest), then a new
- * one whenever the generation moves. Subscribing before the first read means no change can fall between.
+ * one whenever the generation moves. The bus is read from the start, before the first spec is built: a
+ * subscription only becomes live once something pulls from it, and a change in that gap would be lost.
  */
 async function* specStream(ctx: Context, nodeId: string) {
   const { platform } = ctx;
   const changes = platform.bus.subscribe("nodeSpecs", nodeId);
+  const seen = { newest: -1, ended: false, wake: null as (() => void) | null };
+  const pump = (async () => {
+    for await (const m of changes) {
+      seen.newest = Math.max(seen.newest, m.generation);
+      seen.wake?.();
+    }
+  })().finally(() => {
+    seen.ended = true;
+    seen.wake?.();
+  });
   const read = () => platform.db.transaction((sql) => buildNodeSpec(sql, platform.sealer, { hostNetwork: platform.config.vps.hostNetwork }, nodeId));
   try {
     let last = await read();
     yield { generation: last.generation, spec: last };
-    for await (const m of changes) {
-      if (m.generation <= last.generation) continue;
+    while (!seen.ended) {
+      if (seen.newest <= last.generation) {
+        await new Promise<void>((r) => {
+          seen.wake = r;
+        });
+        seen.wake = null;
+        continue;
+      }
       // A burst of changes is one rebuild: let the rest of the burst land before reading the spec.
       await new Promise((r) => setTimeout(r, SPEC_COALESCE_MS));
       const spec = await read();
@@ -105,6 +122,7 @@ async function* specStream(ctx: Context, nodeId: string) {
     }
   } finally {
     await changes.return?.();
+    await pump;
   }
 }
 

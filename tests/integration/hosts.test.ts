@@ -1,7 +1,7 @@
 import { existsSync, readFileSync } from "node:fs";
 import { join } from "node:path";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { createFakeRuntime, injectFailure } from "../../agent/runtimes/fake.ts";
+import { clearFailures, createFakeRuntime, injectFailure } from "../../agent/runtimes/fake.ts";
 import {
   CreateInstanceDocument,
   CreateJoinTokenDocument,
@@ -201,9 +201,38 @@ describe("faults", () => {
     const inst = await create(t);
     const failed = await waitForState(t.client, inst.id, "ERROR");
     expect(failed?.conditions).toEqual([{ type: "RuntimeError", reason: "HostReported", message: "image digest mismatch: got 1234" }]);
+    // Only the host it landed on used its injected failure: the others must not fail the next test's creates.
+    for (const dir of hosts.dirs) clearFailures(join(dir, "fake-host"));
     await t.client.request(DeleteInstanceDocument, { id: inst.id });
     await waitForState(t.client, inst.id, "DELETED");
     expect(await invariantViolations(hosts.h.platform)).toEqual([]);
     expect((await t.client.request(InstanceDocument, { id: inst.id })).instance?.allocationId).toBeNull();
+  });
+});
+
+describe("restarts under load", () => {
+  it("converges everything while an agent restarts repeatedly", async () => {
+    const t = await hosts.h.tenant();
+    const ids: string[] = [];
+    for (let round = 0; round < 3; round++) {
+      const restarting = (async () => {
+        await hosts.stop(1);
+        await hosts.start(1);
+      })();
+      for (let i = 0; i < 4; i++) ids.push((await create(t)).id);
+      await restarting;
+    }
+    for (const id of ids) await waitForState(t.client, id, "RUNNING", 20_000);
+    const nodes = await hosts.h.platform.db.prisma.node.findMany({ where: { poolId: hosts.poolId, goneAt: null } });
+    await expect
+      .poll(
+        async () =>
+          (await hosts.h.platform.db.prisma.node.findMany({ where: { poolId: hosts.poolId, goneAt: null } })).every(
+            (x) => x.reportedGeneration === x.specGeneration,
+          ),
+        { timeout: 10_000 },
+      )
+      .toBe(true);
+    expect(nodes.length).toBeGreaterThan(0);
   });
 });
