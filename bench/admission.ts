@@ -9,16 +9,12 @@
  */
 import { randomBytes } from "node:crypto";
 import { admitInstance } from "../core/admission.ts";
-import { parseConfig } from "../core/config.ts";
-import { openDatabase } from "../infra/db/index.ts";
-import { migrate } from "../infra/db/migrate.ts";
-import { openPlatform, type Platform } from "../infra/platform.ts";
+import type { Platform } from "../infra/platform.ts";
 import { CreateInstanceDocument, createClient } from "../sdk/client.ts";
 import { startServer } from "../server/app.ts";
-import { benchArgs, closedLoop, pgbenchInsertTps, scratchDatabase } from "./lib.ts";
+import { benchArgs, benchPlatform, closedLoop, pgbenchInsertTps } from "./lib.ts";
 
 const args = benchArgs({ clients: 8, seconds: 10, nodes: 20 });
-const redisUrl = process.env.REDIS_URL ?? "redis://127.0.0.1:6379";
 
 async function setup(platform: Platform, clients: number) {
   const now = platform.now();
@@ -53,23 +49,8 @@ async function run() {
   const pgbench = await pgbenchInsertTps(c, args.seconds);
   console.log(`pgbench single-row INSERT:        ${pgbench.toFixed(0)} tps`);
 
-  const db = await scratchDatabase("bc_bench");
+  const { platform, close } = await benchPlatform({ poolSize: c + 2 });
   try {
-    const database = await openDatabase({ databaseUrl: db.url, poolSize: c + 2 });
-    await database.session((sql) => migrate(sql));
-    const operatorToken = randomBytes(24).toString("hex");
-    const config = parseConfig(
-      {},
-      {
-        DATABASE_URL: db.url,
-        REDIS_URL: redisUrl,
-        REDIS_PREFIX: `bcbench_${randomBytes(3).toString("hex")}`,
-        OPERATOR_TOKEN: operatorToken,
-        SEAL_KEY: randomBytes(32).toString("base64"),
-        LOG_LEVEL: "warn",
-      },
-    );
-    const platform = await openPlatform(config, { db: database });
     const fx = await setup(platform, c);
 
     const deps = {
@@ -110,9 +91,8 @@ async function run() {
       `goal: ratio >= 0.25 — core ${core.perSecond / pgbench >= 0.25 ? "met" : "NOT met"}, API ${api.perSecond / pgbench >= 0.25 ? "met" : "NOT met"}`,
     );
     await app.close();
-    await platform.close();
   } finally {
-    await db.drop();
+    await close();
   }
 }
 

@@ -1,27 +1,13 @@
-/**
- * Convergence at scale: N instances created on M simulated hosts, time from the first create to all running.
- *
- *   npm run bench:converge -- [--hosts 3] [--sizes 100,500,1000,2000] [--concurrency 16]
- *
- * One process holds the server, a BullMQ worker and M agents (fake runtime, no delays) on this machine's
- * PostgreSQL and Redis; each size starts from an empty database. Prints seconds, instances per second, and how
- * the time grows from one size to the next (1.0 per doubling of N would be linear).
- */
-import { randomBytes } from "node:crypto";
 import { mkdtempSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { parseArgs } from "node:util";
 import { startAgent } from "../agent/index.ts";
 import { createFakeRuntime } from "../agent/runtimes/fake.ts";
-import { parseConfig } from "../core/config.ts";
-import { openDatabase } from "../infra/db/index.ts";
-import { migrate } from "../infra/db/migrate.ts";
-import { openPlatform } from "../infra/platform.ts";
 import * as bc from "../sdk/client.ts";
 import { startServer } from "../server/app.ts";
 import { startWorker } from "../worker/index.ts";
-import { scratchDatabase } from "./lib.ts";
+import { benchPlatform } from "./lib.ts";
 
 const { values } = parseArgs({
   options: { hosts: { type: "string", default: "3" }, sizes: { type: "string", default: "100,500,1000,2000" }, concurrency: { type: "string", default: "16" } },
@@ -29,27 +15,11 @@ const { values } = parseArgs({
 const hosts = Number(values.hosts);
 const sizes = String(values.sizes).split(",").map(Number);
 const concurrency = Number(values.concurrency);
-const redisUrl = process.env.REDIS_URL ?? "redis://127.0.0.1:6379";
 
 async function once(n: number) {
-  const db = await scratchDatabase("bc_conv");
   const dir = mkdtempSync(join(tmpdir(), "bc-conv-"));
-  const database = await openDatabase({ databaseUrl: db.url, poolSize: 12 });
-  await database.session((sql) => migrate(sql));
-  const operatorToken = randomBytes(20).toString("hex");
-  const config = parseConfig(
-    {},
-    {
-      DATABASE_URL: db.url,
-      REDIS_URL: redisUrl,
-      REDIS_PREFIX: `bcconv_${randomBytes(3).toString("hex")}`,
-      OPERATOR_TOKEN: operatorToken,
-      SEAL_KEY: randomBytes(32).toString("base64"),
-      LOG_LEVEL: "error",
-      RECONCILE_SWEEP_MS: "1000",
-    },
-  );
-  const platform = await openPlatform(config, { db: database });
+  const { platform, operatorToken, close } = await benchPlatform({ poolSize: 12, env: { RECONCILE_SWEEP_MS: "1000" } });
+  const database = platform.db;
   const app = await startServer(platform, { port: 0, host: "127.0.0.1" });
   const worker = await startWorker(platform);
   const op = bc.createClient({ url: app.url, token: operatorToken });
@@ -98,8 +68,7 @@ async function once(n: number) {
   for (const a of agents) await a.close();
   await worker.close();
   await app.close();
-  await platform.close();
-  await db.drop();
+  await close();
   rmSync(dir, { recursive: true, force: true });
   return { seconds, created };
 }

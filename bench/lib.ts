@@ -4,6 +4,10 @@ import { mkdtempSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { parseArgs } from "node:util";
+import { parseConfig } from "../core/config.ts";
+import { openDatabase } from "../infra/db/index.ts";
+import { migrate } from "../infra/db/migrate.ts";
+import { openPlatform, type Platform } from "../infra/platform.ts";
 import { createDatabase, dropDatabase, urlFor } from "../tests/support/pg.ts";
 
 /** A scratch database on the same server the platform uses, dropped afterwards. */
@@ -79,4 +83,39 @@ export async function closedLoop(clients: number, seconds: number, call: (client
   const elapsed = (performance.now() - started) / 1000;
   latencies.sort((a, b) => a - b);
   return { done: latencies.length, errors, perSecond: latencies.length / elapsed, p50: percentile(latencies, 50), p99: percentile(latencies, 99) };
+}
+
+/**
+ * A platform for one benchmark run: an empty migrated database of its own on this machine's PostgreSQL, a Redis
+ * prefix of its own, a random operator token. `close` drops the database.
+ */
+export async function benchPlatform(opts: {
+  poolSize: number;
+  env?: Record<string, string>;
+}): Promise<{ platform: Platform; operatorToken: string; close(): Promise<void> }> {
+  const db = await scratchDatabase("bc_bench");
+  const database = await openDatabase({ databaseUrl: db.url, poolSize: opts.poolSize });
+  await database.session((sql) => migrate(sql));
+  const operatorToken = randomBytes(20).toString("hex");
+  const config = parseConfig(
+    {},
+    {
+      DATABASE_URL: db.url,
+      REDIS_URL: process.env.REDIS_URL ?? "redis://127.0.0.1:6379",
+      REDIS_PREFIX: `bcbench_${randomBytes(3).toString("hex")}`,
+      OPERATOR_TOKEN: operatorToken,
+      SEAL_KEY: randomBytes(32).toString("base64"),
+      LOG_LEVEL: "error",
+      ...opts.env,
+    },
+  );
+  const platform = await openPlatform(config, { db: database });
+  return {
+    platform,
+    operatorToken,
+    async close() {
+      await platform.close();
+      await db.drop();
+    },
+  };
 }

@@ -84,7 +84,10 @@ export function memoryJobs(): Jobs & { pending(): number } {
   const schedule = (key: string, delay = 0) => {
     if (delay === 0) queueMicrotask(() => void run(key));
     else {
-      const t = setTimeout(() => (timers.delete(t), void run(key)), delay);
+      const t = setTimeout(() => {
+        timers.delete(t);
+        void run(key);
+      }, delay);
       timers.add(t);
     }
   };
