@@ -3,32 +3,43 @@ import { mkdtempSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterAll, describe, expect, it } from "vitest";
-import { CreateApiTokenDocument, CreateInstanceDocument, createClient, InstancesDocument, TenantsDocument } from "../../sdk/client.ts";
+import { CreateApiTokenDocument, CreateInstanceDocument, createClient, InstanceDocument, InstancesDocument, TenantsDocument } from "../../sdk/client.ts";
 
 const children: ChildProcess[] = [];
 const dirs: string[] = [];
+/** Signal the whole process group (npm and the platform under it); false once none of it is left. */
+const signalGroup = (c: ChildProcess, signal: NodeJS.Signals | 0) => {
+  try {
+    if (c.pid) process.kill(-c.pid, signal);
+    return true;
+  } catch {
+    return false;
+  }
+};
+const stop = (c: ChildProcess) => void signalGroup(c, "SIGTERM");
 afterAll(() => {
-  for (const c of children) c.kill("SIGTERM");
+  for (const c of children) stop(c);
   for (const d of dirs) rmSync(d, { recursive: true, force: true });
 });
 
-/** `bc dev` as a newcomer runs it: no DATABASE_URL, no REDIS_URL, nothing but a data dir. */
-async function startDev(dataDir: string): Promise<{ url: string; token: string; child: ChildProcess }> {
+/** `npm start` exactly as a newcomer runs it: no DATABASE_URL, no REDIS_URL, nothing but a data dir. */
+async function startDev(dataDir: string): Promise<{ url: string; token: string; child: ChildProcess; banner: string }> {
   const env: NodeJS.ProcessEnv = { ...process.env, BC_DATA_DIR: dataDir, PORT: "0", LOG_LEVEL: "warn" };
   for (const k of ["DATABASE_URL", "REDIS_URL", "OPERATOR_TOKEN", "SEAL_KEY"]) delete env[k];
-  const child = spawn(process.execPath, ["bin/bc.mjs", "dev"], { env, stdio: ["ignore", "pipe", "pipe"] });
+  // Its own process group, so stopping it stops npm's child too.
+  const child = spawn("npm", ["start"], { env, stdio: ["ignore", "pipe", "pipe"], detached: true });
   children.push(child);
   let out = "";
   child.stdout?.on("data", (d) => (out += d));
   child.stderr?.on("data", (d) => (out += d));
-  await expect.poll(() => /Operator: (\S+)/.test(out) || child.exitCode !== null, { timeout: 60_000, interval: 100 }).toBe(true);
+  await expect.poll(() => /Try:/.test(out) || child.exitCode !== null, { timeout: 60_000, interval: 100 }).toBe(true);
   const url = /GraphQL:\s+(\S+)/.exec(out)?.[1];
   const token = /Operator: (\S+)/.exec(out)?.[1];
   if (!url || !token) throw new Error(`bc dev did not start:\n${out}`);
-  return { url, token, child };
+  return { url, token, child, banner: out };
 }
 
-describe("bc dev (embedded: PGlite, in-memory bus and jobs)", () => {
+describe("npm start (bc dev --sim 3, embedded: PGlite, in-memory bus and jobs)", () => {
   it("serves GraphiQL and runs the README walkthrough, and keeps its data and token across a restart", async () => {
     const dataDir = mkdtempSync(join(tmpdir(), "bc-dev-"));
     dirs.push(dataDir);
@@ -36,6 +47,19 @@ describe("bc dev (embedded: PGlite, in-memory bus and jobs)", () => {
     const page = await fetch(first.url, { headers: { accept: "text/html" } });
     expect(page.status).toBe(200);
     expect(await page.text()).toMatch(/graphiql/i);
+
+    // The quick start: the demo tenant's instance in pool "local" runs on a simulated host within seconds.
+    const demo = createClient({ url: first.url, token: /Tenant:\s+(\S+)/.exec(first.banner)?.[1] });
+    const quick = (
+      await demo.request(CreateInstanceDocument, {
+        input: {
+          poolId: /\((pool_[a-z2-7]+)\)/.exec(first.banner)?.[1] as string,
+          flavor: "small",
+          imageId: /image (img_[a-z2-7]+)/.exec(first.banner)?.[1] as string,
+        },
+      })
+    ).createInstance;
+    await expect.poll(async () => (await demo.request(InstanceDocument, { id: quick.id })).instance?.state, { timeout: 30_000, interval: 100 }).toBe("RUNNING");
 
     // The README's walkthrough, exactly as a newcomer runs it.
     const walk = spawnSync(process.execPath, ["--import", "tsx", "examples/walkthrough.ts"], {
@@ -46,11 +70,11 @@ describe("bc dev (embedded: PGlite, in-memory bus and jobs)", () => {
     expect(walk.stdout).toMatch(/^inst_[a-z2-7]{52} PENDING on node_[a-z2-7]+ at 10\.42\.0\.2\n$/);
     const instanceId = walk.stdout.split(" ")[0] as string;
     const op = createClient({ url: first.url, token: first.token });
-    const tenantId = (await op.request(TenantsDocument)).tenants[0]?.id as string;
+    const tenantId = (await op.request(TenantsDocument)).tenants.find((x) => x.name === "acme")?.id as string;
     const { createApiToken } = await op.request(CreateApiTokenDocument, { input: { tenantId, name: "second-laptop" } });
 
-    first.child.kill("SIGTERM");
-    await expect.poll(() => first.child.exitCode, { timeout: 20_000, interval: 100 }).not.toBeNull();
+    stop(first.child);
+    await expect.poll(() => signalGroup(first.child, 0), { timeout: 20_000, interval: 100 }).toBe(false);
     const second = await startDev(dataDir);
     expect(second.token).toBe(first.token);
     const again = createClient({ url: second.url, token: createApiToken.token });
