@@ -12,6 +12,7 @@ import {
   NodesDocument,
   ReportStatusDocument,
   ResizeInstanceDocument,
+  SetNodeStateDocument,
   StartInstanceDocument,
   StopInstanceDocument,
 } from "../../sdk/client.ts";
@@ -173,16 +174,16 @@ describe("faults", () => {
 
   it("recreates an instance on another host when its host cannot create it", async () => {
     const t = await hosts.h.tenant();
-    // Placement is best fit (least free memory), ties by id: ask the database which node the next create gets.
-    const [target] = await hosts.h.platform.db.prisma.$queryRawUnsafe<{ id: string; name: string }[]>(
-      `SELECT id, name FROM nodes WHERE pool_id = $1 AND state = 'ready' AND lost_at IS NULL AND gone_at IS NULL AND cap_vcpus > 0
-        ORDER BY cap_memory_mib - alloc_memory_mib, id LIMIT 1`,
-      hosts.poolId,
-    );
+    // Only the target may take the create (the others are cordoned), and it will refuse it; then the others
+    // open again and the recreate must land on one of them.
+    const nodes = (await hosts.h.operator.request(NodesDocument, { poolId: hosts.poolId })).nodes.filter((x) => !x.gone && x.name.startsWith("host-"));
+    const [target, ...others] = nodes;
     const host = Number(target?.name.split("-")[1]) - 1;
     injectFailure(join(hosts.dirs[host] as string, "fake-host"), "create", { error: "no room for the overlay on /var/lib", retryable: true, times: 1 });
+    for (const o of others) await hosts.h.operator.request(SetNodeStateDocument, { id: o.id, state: "CORDONED" });
     const inst = await create(t);
     expect(inst.nodeId).toBe(target?.id);
+    for (const o of others) await hosts.h.operator.request(SetNodeStateDocument, { id: o.id, state: "READY" });
     const running = await waitForState(t.client, inst.id, "RUNNING");
     expect(running?.nodeId).not.toBe(target?.id);
     const row = await hosts.h.platform.db.prisma.instance.findUniqueOrThrow({ where: { id: inst.id } });
