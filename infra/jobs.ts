@@ -49,6 +49,11 @@ export function bullJobs(opts: { redisUrl: string; prefix: string }): Jobs {
           connection,
           prefix: opts.prefix,
           concurrency: spec.concurrency,
+          // Jobs are short; short locks (renewed while a job runs) let another worker take over a dead
+          // worker's jobs within seconds. Until then their ids block every wake-up of those instances.
+          lockDuration: 5000,
+          stalledInterval: 5000,
+          maxStalledCount: 3,
         });
         worker.on("failed", (job, err) => log.warn("job failed", { job: name, id: job?.id, err: err.message }));
         workers.push(worker);

@@ -52,7 +52,7 @@ async function churn(c: Cluster, opts: { seed: number; instances: number; faults
   const states = async () =>
     c.inspect((p) => p.db.prisma.instance.findMany({ where: { tenantId: createTenant.id }, select: { id: true, state: true, desiredState: true } }));
   const settle = (what: string) =>
-    until(what, async () => (await states()).every((i) => i.state === i.desiredState || i.state === "error"), 60_000, 100).catch(async (e) => {
+    until(what, async () => (await states()).every((i) => i.state === i.desiredState || i.state === "error"), 90_000, 100).catch(async (e) => {
       const stuck = await c.inspect((p) =>
         p.db.prisma.instance.findMany({
           where: { tenantId: createTenant.id, NOT: { state: { in: ["deleted", "error"] } } },
