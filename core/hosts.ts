@@ -1,7 +1,6 @@
 import { createHash, randomBytes } from "node:crypto";
 import { AppError, notFound } from "./errors.ts";
-import type { IdSource } from "./ids.ts";
-import { sha256Hex } from "./ids.ts";
+import { type IdSource, randomIds, sha256Hex } from "./ids.ts";
 import { formatIpv4 } from "./ipam.ts";
 import { type Capacity, type InstanceSpec, macFor, type NodeSpec, type StatusReport } from "./protocol.ts";
 import { specPower } from "./reconcile.ts";
@@ -148,7 +147,12 @@ export async function buildNodeSpec(sql: Sql, sealer: Sealer, settings: Pick<Hos
  * written only when it says something new (heartbeats change nothing), and counts for the reconciler once
  * the report's generation has caught up with the instance's last change.
  */
-export async function recordReport(sql: Sql, nodeId: string, report: StatusReport, now: Date): Promise<{ wake: string[]; recovered: boolean }> {
+export async function recordReport(
+  sql: Sql,
+  nodeId: string,
+  report: StatusReport,
+  now: Date,
+): Promise<{ wake: string[]; recovered: boolean; generation: number }> {
   // Lock order, everywhere: instance rows before node rows (an instance change bumps its node's generation).
   // So the node row is read here without a lock and written last.
   const [node] = await sql.query<{ wasLost: boolean }>(`SELECT lost_at IS NOT NULL AS "wasLost" FROM nodes WHERE id = $1 AND gone_at IS NULL`, [nodeId]);
@@ -185,14 +189,17 @@ export async function recordReport(sql: Sql, nodeId: string, report: StatusRepor
         AND (NOT (o.domain_id = ANY($2::text[])) OR EXISTS (SELECT 1 FROM instances i WHERE i.id = o.domain_id AND i.node_id = $1 AND i.state <> 'deleted'))`,
     [nodeId, ids],
   );
-  await sql.query(`UPDATE nodes SET last_report_at = $2, reported_generation = $3, lost_at = NULL WHERE id = $1`, [nodeId, now, report.generation]);
+  const [updated] = await sql.query<{ generation: number }>(
+    `UPDATE nodes SET last_report_at = $2, reported_generation = $3, lost_at = NULL WHERE id = $1 RETURNING spec_generation AS generation`,
+    [nodeId, now, report.generation],
+  );
   await applyReportedCapacity(sql, nodeId, report.capacity);
   let wake = [...changed, ...vanished].map((r) => r.id);
   if (node.wasLost) {
     const all = await sql.query<{ id: string }>(`SELECT id FROM instances WHERE node_id = $1 AND state <> 'deleted'`, [nodeId]);
     wake = all.map((r) => r.id);
   }
-  return { wake: [...new Set(wake)], recovered: node.wasLost };
+  return { wake: [...new Set(wake)], recovered: node.wasLost, generation: updated?.generation ?? 0 };
 }
 
 /** What the host says it has, never below what is already allocated on it (placed instances keep their claim). */
@@ -214,7 +221,7 @@ async function applyReportedCapacity(sql: Sql, nodeId: string, cap: Capacity): P
   let next = have.reduce((m, g) => Math.max(m, g.index + 1), 0);
   for (const g of missing) {
     await sql.query(`INSERT INTO node_gpus (id, node_id, model, index, pci_address) VALUES ($1, $2, $3, $4, $5)`, [
-      `gpu_${randomBytes(13).toString("hex")}`,
+      randomIds("gpu"),
       nodeId,
       g.model,
       next++,

@@ -28,8 +28,6 @@ export const shape = z
   });
 export type Shape = z.infer<typeof shape>;
 
-export const resourceName = /^[a-z][a-z0-9_]*(:[a-z0-9][a-z0-9._-]*)?$/;
-
 /** Quota resources a shape consumes. Instances count one each; GPUs count per model. */
 export function chargeOf(s: Shape): Record<string, number> {
   const charge: Record<string, number> = { instances: 1, vcpus: s.vcpus, memory_mib: s.memoryMib, disk_gib: s.diskGib };

@@ -108,7 +108,3 @@ export function assertTransition(from: InstanceState, to: InstanceState): Transi
   if (!kind) throw new IllegalTransition(from, to);
   return kind;
 }
-
-export const isTerminal = (s: InstanceState) => s === "deleted";
-export const isInstanceState = (s: string): s is InstanceState => (instanceStates as readonly string[]).includes(s);
-export const isDesiredState = (s: string): s is DesiredState => (desiredStates as readonly string[]).includes(s);

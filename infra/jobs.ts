@@ -77,7 +77,7 @@ export function bullJobs(opts: { redisUrl: string; prefix: string }): Jobs {
  * retries with backoff, periodic jobs), in this process. A wake-up for a job that is running is not lost:
  * it runs again once the current run ends. Jobs wait until `run` provides the handlers.
  */
-export function memoryJobs(): Jobs & { pending(): number } {
+export function memoryJobs(): Jobs {
   const waiting = new Map<string, { name: JobName; payload: unknown; attempt: number }>();
   const active = new Set<string>();
   const again = new Set<string>();
@@ -144,7 +144,6 @@ export function memoryJobs(): Jobs & { pending(): number } {
         },
       };
     },
-    pending: () => waiting.size,
     async close() {
       closed = true;
       for (const t of timers) clearTimeout(t);

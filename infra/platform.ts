@@ -1,4 +1,3 @@
-import { randomUUID } from "node:crypto";
 import { type Config, newOperatorToken, newSealKey, persistentSecret } from "../core/config.ts";
 import type { Tx } from "../core/db.ts";
 import type { InstanceEventMessage } from "../core/events.ts";
@@ -125,5 +124,3 @@ export async function openPlatform(config: Config, opts: PlatformOptions = {}): 
   }
   return platform;
 }
-
-export const newRequestId = () => randomUUID();

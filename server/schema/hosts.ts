@@ -59,11 +59,7 @@ builder.mutationFields((t) => ({
       const nodeId = requireNode(ctx.principal);
       const parsed = parseInput(statusReport, report, "report");
       const { platform } = ctx;
-      const result = await platform.write(async (sql) => {
-        const r = await recordReport(sql, nodeId, parsed, platform.now());
-        const [g] = await sql.query<{ generation: number }>(`SELECT spec_generation AS generation FROM nodes WHERE id = $1`, [nodeId]);
-        return { ...r, generation: g?.generation ?? 0 };
-      });
+      const result = await platform.write((sql) => recordReport(sql, nodeId, parsed, platform.now()));
       for (const instanceId of result.wake) await platform.jobs.enqueue("vps.instances", { instanceId });
       return { generation: result.generation };
     },
