@@ -25,6 +25,7 @@ export interface ConfigFile {
   redisUrl?: string;
   dataDir?: string;
   hosts?: { lostGraceMs?: number; orphanGraceMs?: number; sweepMs?: number; maxRecreateAttempts?: number; joinTokenTtlSeconds?: number };
+  live?: { bufferEvents?: number; keepAliveMs?: number; reauthMs?: number; pollMs?: number };
   vps?: {
     runtimes?: string[];
     providers?: ProviderDefinition[];
@@ -79,6 +80,19 @@ const schema = z.object({
       /** Hosts tried before an instance that no host can create is left in error. */
       maxRecreateAttempts: z.coerce.number().int().min(1).max(20).default(3),
       joinTokenTtlSeconds: z.coerce.number().int().min(10).default(3600),
+    })
+    .prefault({}),
+  /** Subscriptions: what a live connection may cost the server. */
+  live: z
+    .object({
+      /** Events queued for one connection (all its subscriptions) before it is closed as a slow consumer. */
+      bufferEvents: z.coerce.number().int().min(1).default(1000),
+      /** Websocket ping interval; a peer that misses a pong for as long is dropped. 0 turns pings off. */
+      keepAliveMs: z.coerce.number().int().min(0).default(12_000),
+      /** How often live connections re-check their credential (revocations also arrive at once over pub/sub). */
+      reauthMs: z.coerce.number().int().min(100).default(60_000),
+      /** How often each server reads the event table even without a pub/sub hint (a lost message only delays). */
+      pollMs: z.coerce.number().int().min(10).default(1000),
     })
     .prefault({}),
   vps: z
@@ -138,6 +152,7 @@ export function readEnv(env: NodeJS.ProcessEnv): Record<string, unknown> {
       maxRecreateAttempts: env.MAX_RECREATE_ATTEMPTS,
       joinTokenTtlSeconds: env.JOIN_TOKEN_TTL_S,
     }),
+    live: prune({ bufferEvents: env.LIVE_BUFFER_EVENTS, keepAliveMs: env.WS_KEEPALIVE_MS, reauthMs: env.LIVE_REAUTH_MS, pollMs: env.LIVE_POLL_MS }),
     vps: prune({ runtimes: list(env.VPS_RUNTIMES), providers, hostNetwork: env.VPS_HOST_NETWORK }),
   });
 }
@@ -155,6 +170,7 @@ export function parseConfig(file: ConfigFile = {}, env: NodeJS.ProcessEnv = {}):
     ...file,
     ...fromEnv,
     hosts: { ...file.hosts, ...(fromEnv.hosts as object | undefined) },
+    live: { ...file.live, ...(fromEnv.live as object | undefined) },
     vps: { ...file.vps, ...(fromEnv.vps as object | undefined) },
   };
   const result = schema.safeParse(merged);

@@ -2,9 +2,11 @@ import { z } from "zod";
 
 /**
  * The pub/sub channels and their payloads: the one typed map every publisher and subscriber goes through.
- * Messages are thin pointers at the event table, which stays the source of truth for resuming subscribers.
+ * Messages are hints that something committed; the event table stays the source of truth, so a lost message
+ * delays a subscriber (each server also polls the table) and never loses an event.
  */
 export const channels = {
+  /** An instance event committed; `cursor` is its position in commit order (core/watch.ts). */
   instanceEvents: z.object({
     cursor: z.string(),
     instanceId: z.string(),
@@ -17,6 +19,8 @@ export const channels = {
   }),
   /** A node's desired set changed; keyed by node id, so each agent hears only its own. */
   nodeSpecs: z.object({ nodeId: z.string(), generation: z.number().int() }),
+  /** A credential stopped being valid (`tok:<id>`, `node:<id>`): connections authenticated by it are closed. */
+  credentialsRevoked: z.object({ key: z.string() }),
 } as const;
 export type Channels = { [K in keyof typeof channels]: z.infer<(typeof channels)[K]> };
 export type InstanceEventMessage = Channels["instanceEvents"];

@@ -107,6 +107,7 @@ export async function writeChange(
   return { instance, event: eventMessage(instance, inst.state, eventId), specs };
 }
 
+/** The bus message for a change. `cursor` holds the event row's id until the writing transaction gives the event its position (infra/platform.ts). */
 export function eventMessage(inst: InstanceRow, from: string | null, cursor: string): InstanceEventMessage {
   return {
     cursor,

@@ -9,6 +9,8 @@ export interface Principal {
   scopes: ReadonlySet<Scope>;
   /** Set for a host agent's node credential: it may read and report for this node only. */
   nodeId?: string;
+  /** The revocable credential behind it (`tok:<id>`, `node:<id>`); absent for the bootstrap operator token. */
+  credential?: { key: string; expiresAt: Date | null };
 }
 
 /** A host agent, acting for its own node. */

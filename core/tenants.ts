@@ -109,7 +109,9 @@ export async function authenticate(tx: Tx, bearer: string, operatorToken: string
   }
   if (bearer.startsWith("bcn_")) {
     const nodeId = await nodeForCredential(prismaSql(tx), bearer);
-    return nodeId ? { identityId: `node:${nodeId}`, tenantId: null, operator: false, scopes: new Set(), nodeId } : null;
+    return nodeId
+      ? { identityId: `node:${nodeId}`, tenantId: null, operator: false, scopes: new Set(), nodeId, credential: { key: `node:${nodeId}`, expiresAt: null } }
+      : null;
   }
   const tok = await tx.apiToken.findUnique({ where: { tokenHash: sha256Hex(bearer) }, include: { identity: true } });
   if (!tok || tok.revokedAt || (tok.expiresAt && tok.expiresAt <= now)) return null;
@@ -118,6 +120,7 @@ export async function authenticate(tx: Tx, bearer: string, operatorToken: string
     tenantId: tok.identity.tenantId,
     operator: tok.identity.operator,
     scopes: new Set(tok.scopes.filter(isScope)),
+    credential: { key: `tok:${tok.id}`, expiresAt: tok.expiresAt },
   };
 }
 

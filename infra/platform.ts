@@ -4,7 +4,7 @@ import type { InstanceEventMessage } from "../core/events.ts";
 import { type IdSource, randomIds } from "../core/ids.ts";
 import { type ImageResolver, tableImages } from "../core/images.ts";
 import { type Sealer, sealer } from "../core/seal.ts";
-import type { Sql } from "../core/sql.ts";
+import { prismaSql, type Sql } from "../core/sql.ts";
 import { ensureOperatorIdentity } from "../core/tenants.ts";
 import { type Bus, openBus } from "./bus.ts";
 import { type Database, openDatabase } from "./db/index.ts";
@@ -12,10 +12,12 @@ import { migrate } from "./db/migrate.ts";
 import { bullJobs, type Jobs, memoryJobs } from "./jobs.ts";
 import { type Logger, logger } from "./log.ts";
 
-/** What a committed change announces: its instance event, and the nodes whose spec it changed. */
+/** What a committed change announces: its instance event, the nodes whose spec it changed, credentials it revoked. */
 export interface Emission {
   event: InstanceEventMessage | null;
   specs?: { nodeId: string; generation: number }[];
+  /** Credential keys (`tok:<id>`, `node:<id>`) whose live connections must end. */
+  revoked?: string[];
 }
 export type Emit = (e: Emission | null) => void;
 
@@ -82,8 +84,11 @@ export async function openPlatform(config: Config, opts: PlatformOptions = {}): 
     now: opts.now ?? (() => new Date()),
     log,
     operatorToken,
-    transact: (fn) => withRetry((emit) => db.prisma.$transaction((tx) => fn(tx, emit), { maxWait: 30_000, timeout: 30_000 })),
-    write: (fn) => withRetry((emit) => db.transaction((sql) => fn(sql, emit))),
+    transact: (fn) =>
+      withRetry((emit, emitted) =>
+        db.prisma.$transaction(async (tx) => sequenced(prismaSql(tx), emitted, await fn(tx, emit)), { maxWait: 30_000, timeout: 30_000 }),
+      ),
+    write: (fn) => withRetry((emit, emitted) => db.transaction(async (sql) => sequenced(sql, emitted, await fn(sql, emit)))),
     async close() {
       await jobs.close();
       await bus.close();
@@ -92,13 +97,13 @@ export async function openPlatform(config: Config, opts: PlatformOptions = {}): 
   };
 
   /** Run a transaction, retrying what the database asks to retry; after commit, publish what it emitted. */
-  async function withRetry<T>(run: (emit: Emit) => Promise<T>): Promise<T> {
+  async function withRetry<T>(run: (emit: Emit, emitted: Emission[]) => Promise<T>): Promise<T> {
     for (let attempt = 1; ; attempt++) {
       const emitted: Emission[] = [];
       try {
         const result = await run((e) => {
           if (e) emitted.push(e);
-        });
+        }, emitted);
         for (const e of emitted) await afterCommit(e);
         return result;
       } catch (e) {
@@ -110,10 +115,27 @@ export async function openPlatform(config: Config, opts: PlatformOptions = {}): 
     }
   }
 
+  /**
+   * The transaction's last statement: give its events their positions in commit order (the function holds a
+   * lock through COMMIT; see the live_positions migration). Cursors are positions, so they are set here.
+   */
+  async function sequenced<T>(sql: Sql, emitted: Emission[], result: T): Promise<T> {
+    const events = emitted.flatMap((e) => (e.event ? [e.event] : []));
+    if (!events.length) return result;
+    const rows = await sql.query<{ id: string; position: string }>(
+      `SELECT id::text AS id, position::text AS position FROM sequence_instance_events($1::bigint[])`,
+      [events.map((e) => e.cursor)],
+    );
+    const positions = new Map(rows.map((r) => [r.id, r.position]));
+    for (const e of events) e.cursor = positions.get(e.cursor) as string;
+    return result;
+  }
+
   /** Publishing and waking are hints: a failure here delays convergence (the sweep re-finds it), never loses state. */
   async function afterCommit(e: Emission) {
     try {
       for (const spec of e.specs ?? []) bus.publish("nodeSpecs", spec, spec.nodeId);
+      for (const key of e.revoked ?? []) bus.publish("credentialsRevoked", { key });
       if (e.event) {
         bus.publish("instanceEvents", e.event);
         await jobs.enqueue("vps.instances", { instanceId: e.event.instanceId });

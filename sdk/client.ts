@@ -112,3 +112,4 @@ export async function createWsClient(opts: WsClientOptions) {
     dispose: () => client.dispose(),
   };
 }
+export * from "./watch.ts";

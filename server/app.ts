@@ -10,11 +10,13 @@ import { authenticate } from "../core/tenants.ts";
 import type { Platform } from "../infra/platform.ts";
 import type { Context } from "./context.ts";
 import { asInvalidInput, toClientError } from "./errors.ts";
+import { CloseCode, type LiveConnection, LiveHub } from "./live/hub.ts";
 import { schema } from "./schema/index.ts";
 
 export interface App {
   server: Server;
   url: string;
+  hub: LiveHub;
   close(): Promise<void>;
 }
 
@@ -44,6 +46,7 @@ const invalidInputCodes: Plugin = {
 
 export async function startServer(platform: Platform, opts: { port?: number; host?: string } = {}): Promise<App> {
   const counters = { requests: 0 };
+  const hub = await LiveHub.start(platform, (bearer) => principalFor(platform, `Bearer ${bearer}`).catch(() => null));
   const yoga = createYoga<{ requestId?: string }, Context>({
     schema,
     graphqlEndpoint: "/graphql",
@@ -88,7 +91,21 @@ export async function startServer(platform: Platform, opts: { port?: number; hos
       return void res
         .writeHead(200, { "content-type": "text/plain; version=0.0.4" })
         .end(
-          `# TYPE bc_graphql_requests_total counter\nbc_graphql_requests_total ${counters.requests}\n# TYPE process_resident_memory_bytes gauge\nprocess_resident_memory_bytes ${mem.rss}\n`,
+          [
+            "# TYPE bc_graphql_requests_total counter",
+            `bc_graphql_requests_total ${counters.requests}`,
+            "# TYPE bc_live_connections gauge",
+            `bc_live_connections ${hub.connections.size}`,
+            "# TYPE bc_live_subscriptions gauge",
+            `bc_live_subscriptions ${hub.subscriptions()}`,
+            "# TYPE bc_live_events_delivered_total counter",
+            `bc_live_events_delivered_total ${hub.feed.delivered}`,
+            "# TYPE bc_live_closed_total counter",
+            ...[...hub.closedBy].map(([code, n]) => `bc_live_closed_total{code="${code}"} ${n}`),
+            "# TYPE process_resident_memory_bytes gauge",
+            `process_resident_memory_bytes ${mem.rss}`,
+            "",
+          ].join("\n"),
         );
     }
     if (path === "/") return void res.writeHead(302, { location: "/graphql" }).end();
@@ -96,9 +113,26 @@ export async function startServer(platform: Platform, opts: { port?: number; hos
   });
 
   // Subscriptions share the port: graphql-ws on the same path, executed through yoga's envelop (STACK.md 9).
+  // A connection authenticates once, from connectionParams; the live hub ends it when that credential stops working.
+  const live = new WeakMap<object, LiveConnection>();
   const wss = new WebSocketServer({ server, path: "/graphql" });
   const ws = useServer(
     {
+      onConnect: async (ctx) => {
+        const socket = ctx.extra.socket;
+        const auth = (ctx.connectionParams?.authorization as string | undefined) ?? null;
+        let principal: Principal | null;
+        try {
+          principal = await principalFor(platform, auth);
+        } catch {
+          // graphql-ws would say 4403 (worth retrying); a bad credential is final.
+          socket.close(CloseCode.unauthorized, "the bearer token is unknown, expired or revoked");
+          return false;
+        }
+        live.set(socket, hub.connect(socket, principal, auth ? (/^Bearer\s+(\S+)$/i.exec(auth)?.[1] ?? null) : null));
+        return true;
+      },
+      onClose: (ctx) => live.get(ctx.extra.socket)?.dropped(),
       execute: ((args: { rootValue: { execute: (a: unknown) => unknown } }) => args.rootValue.execute(args)) as never,
       subscribe: ((args: { rootValue: { subscribe: (a: unknown) => unknown } }) => args.rootValue.subscribe(args)) as never,
       onSubscribe: async (ctx, _id, payload) => {
@@ -110,8 +144,14 @@ export async function startServer(platform: Platform, opts: { port?: number; hos
           parse,
           validate,
         } = yoga.getEnveloped({ ...ctx, req: ctx.extra.request, socket: ctx.extra.socket, params: payload });
-        const auth = (ctx.connectionParams?.authorization as string | undefined) ?? null;
-        const contextValue = { ...(await contextFactory()), platform, principal: await principalFor(platform, auth), requestId: randomUUID() };
+        const conn = live.get(ctx.extra.socket);
+        const contextValue: Context = {
+          ...(await contextFactory()),
+          platform,
+          principal: conn?.principal ?? null,
+          requestId: randomUUID(),
+          ...(conn ? { live: { hub, conn } } : {}),
+        };
         const args = {
           schema: s,
           operationName: payload.operationName,
@@ -126,6 +166,7 @@ export async function startServer(platform: Platform, opts: { port?: number; hos
       },
     },
     wss,
+    platform.config.live.keepAliveMs,
   );
 
   await new Promise<void>((resolve) => server.listen(opts.port ?? platform.config.port, opts.host ?? platform.config.host, resolve));
@@ -139,7 +180,9 @@ export async function startServer(platform: Platform, opts: { port?: number; hos
      * Graceful stop: websocket clients are closed with "going away" (1001, which clients retry), idle keep-alive
      * connections at once, and requests still in flight get a few seconds before their connections are cut.
      */
+    hub,
     async close() {
+      await hub.close();
       await ws.dispose();
       await new Promise<void>((resolve) => {
         server.close(() => resolve());

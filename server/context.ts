@@ -1,10 +1,13 @@
 import type { Principal } from "../core/principal.ts";
 import type { Platform } from "../infra/platform.ts";
+import type { LiveConnection, LiveHub } from "./live/hub.ts";
 
 export interface Context {
   platform: Platform;
   principal: Principal | null;
   requestId: string;
+  /** Set for operations on a websocket: the server's live hub and this connection. */
+  live?: { hub: LiveHub; conn: LiveConnection };
 }
 
 /** The fields every core write takes from the request. */

@@ -70,7 +70,11 @@ builder.mutationFields((t) => ({
     args: { id: t.arg.id({ required: true }) },
     resolve: async (_r, { id }, ctx) => {
       requireOperator(ctx.principal);
-      const wake = await ctx.platform.write((sql) => declareNodeGone(sql, String(id), ctx.platform.now()));
+      const wake = await ctx.platform.write(async (sql, emit) => {
+        const found = await declareNodeGone(sql, String(id), ctx.platform.now());
+        emit({ event: null, revoked: [`node:${id}`] });
+        return found;
+      });
       for (const instanceId of wake) await ctx.platform.jobs.enqueue("vps.instances", { instanceId });
       return true;
     },

@@ -125,7 +125,11 @@ builder.mutationFields((t) => ({
     args: { id: t.arg.id({ required: true }) },
     resolve: (_r, { id }, ctx) => {
       requireOperator(ctx.principal);
-      return ctx.platform.transact((tx) => revokeApiToken(tx, writeCtx(ctx), String(id)));
+      return ctx.platform.transact(async (tx, emit) => {
+        const token = await revokeApiToken(tx, writeCtx(ctx), String(id));
+        emit({ event: null, revoked: [`tok:${token.id}`] });
+        return token;
+      });
     },
   }),
 }));

@@ -58,7 +58,7 @@ describe("after commit", () => {
     await reading;
     await bus.close();
     const rows = await h.platform.db.prisma.instanceEvent.findMany({ where: { instanceId: inst.id }, orderBy: { version: "asc" } });
-    expect(mine().map((m) => [m.instanceId, m.version, m.cursor])).toEqual(rows.map((r) => [inst.id, r.version, r.id.toString()]));
+    expect(mine().map((m) => [m.instanceId, m.version, m.cursor])).toEqual(rows.map((r) => [inst.id, r.version, r.position?.toString()]));
 
     // Three changes, one waiting job: the job id is the instance id.
     const job = await queue.getJob(inst.id);

@@ -24,6 +24,7 @@ export interface Harness {
   app: App;
   url: string;
   operator: Client;
+  operatorToken: string;
   dbUrl: string;
   redisPrefix: string;
   client(token?: string): Client;
@@ -62,7 +63,8 @@ export async function startHarness(env: Record<string, string> = {}): Promise<Ha
       OPERATOR_TOKEN: operatorToken,
       SEAL_KEY: randomBytes(32).toString("base64"),
       LOG_LEVEL: process.env.TEST_LOG_LEVEL ?? "silent",
-      ...env,
+      // An empty value unsets: `REDIS_URL: ""` runs the embedded in-memory bus and jobs on this database.
+      ...Object.fromEntries(Object.entries(env).map(([k, v]) => [k, v === "" ? undefined : v])),
     },
   );
   const database = await openDatabase({ databaseUrl: db.url, poolSize: 20 });
@@ -77,6 +79,7 @@ export async function startHarness(env: Record<string, string> = {}): Promise<Ha
     app,
     url: app.url,
     operator,
+    operatorToken,
     dbUrl: db.url,
     redisPrefix,
     client,

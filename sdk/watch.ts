@@ -1,0 +1,85 @@
+import type { TypedDocumentNode } from "@graphql-typed-document-node/core";
+import { print } from "graphql";
+import { SdkError } from "./client.ts";
+import { InstanceChangedDocument, type InstanceEventFieldsFragment, InstanceEventsDocument } from "./generated.ts";
+
+export interface WatchOptions {
+  /** The GraphQL endpoint; http(s) is turned into ws(s). */
+  url: string;
+  token?: string;
+  /** Resume right after this cursor (from an event, or from the `instanceEventsCursor` query). */
+  after?: string | null;
+  /** Called before each reconnect, with why the last connection ended. */
+  onReconnect?: (why: { code: number | null; reason: string; attempt: number }) => void;
+  /** Reconnects in a row before giving up (default: forever). */
+  maxAttempts?: number;
+}
+
+/** Codes after which coming back cannot help: the request or the credential is wrong. */
+const FINAL = new Set([4400, 4401, 4403, 4406, 4409, 4429, 4500]);
+
+/**
+ * Every event the caller may see, resumed across disconnects: after a restart of the server, a network drop or
+ * being cut off as a slow consumer, it subscribes again from the cursor of the last event it yielded, so each
+ * event is seen once and in order. Ends with an SdkError (code UNAUTHENTICATED) when the credential is revoked.
+ */
+export function watchInstanceEvents(opts: WatchOptions & { poolId?: string; projectId?: string }): AsyncGenerator<InstanceEventFieldsFragment> {
+  return resumable(opts, InstanceEventsDocument, { poolId: opts.poolId, projectId: opts.projectId }, (d) => d.instanceEvents);
+}
+
+/** The same for one instance. */
+export function watchInstance(opts: WatchOptions & { id: string }): AsyncGenerator<InstanceEventFieldsFragment> {
+  return resumable(opts, InstanceChangedDocument, { id: opts.id }, (d) => d.instanceChanged);
+}
+
+async function* resumable<R, V extends { after?: string | null }>(
+  opts: WatchOptions,
+  doc: TypedDocumentNode<R, V>,
+  vars: Omit<V, "after">,
+  pick: (data: R) => InstanceEventFieldsFragment,
+): AsyncGenerator<InstanceEventFieldsFragment> {
+  const { createClient } = await import("graphql-ws");
+  const WebSocketImpl = (globalThis as { WebSocket?: unknown }).WebSocket ?? (await import("ws")).WebSocket;
+  // No retries inside graphql-ws: it would subscribe again with the first cursor and repeat events.
+  const client = createClient({
+    url: opts.url.replace(/^http/, "ws"),
+    webSocketImpl: WebSocketImpl,
+    connectionParams: opts.token ? { authorization: `Bearer ${opts.token}` } : {},
+    retryAttempts: 0,
+    lazy: true,
+    lazyCloseTimeout: 0,
+    keepAlive: 10_000,
+  });
+  const query = print(doc);
+  let after = opts.after ?? null;
+  let attempt = 0;
+  try {
+    for (;;) {
+      try {
+        for await (const r of client.iterate<R>({ query, variables: { ...vars, after } })) {
+          if (r.errors?.length) throw new SdkError(r.errors as SdkError["errors"]);
+          const event = pick(r.data as R);
+          after = event.cursor;
+          attempt = 0;
+          yield event;
+        }
+        return;
+      } catch (e) {
+        if (e instanceof SdkError) throw e;
+        const { code, reason } = closeOf(e);
+        if (code === 4401) throw new SdkError([{ message: reason || "credential expired or revoked", extensions: { code: "UNAUTHENTICATED" } }]);
+        if ((code !== null && FINAL.has(code)) || attempt >= (opts.maxAttempts ?? Number.POSITIVE_INFINITY)) throw e;
+        attempt++;
+        opts.onReconnect?.({ code, reason, attempt });
+        await new Promise((r) => setTimeout(r, Math.min(5000, 100 * 2 ** (attempt - 1)) * (0.5 + Math.random() / 2)));
+      }
+    }
+  } finally {
+    await client.dispose();
+  }
+}
+
+function closeOf(e: unknown): { code: number | null; reason: string } {
+  const c = e as { code?: unknown; reason?: unknown; message?: unknown };
+  return { code: typeof c?.code === "number" ? c.code : null, reason: String(c?.reason ?? c?.message ?? e) };
+}

@@ -1,0 +1,108 @@
+import { type EventFilter, headPosition, matches, readEvents, type WatchedEvent } from "../../core/watch.ts";
+import type { Platform } from "../../infra/platform.ts";
+
+/** A local subscriber of the feed: it gets every event after the head at which it attached that its filter matches. */
+export interface Sink {
+  filter: EventFilter;
+  push(e: WatchedEvent): void;
+}
+
+const BATCH = 500;
+
+/**
+ * One per server process: tails the event table in commit order and hands each event to the local sinks whose
+ * filter matches. A pub/sub message only wakes it (so a thousand subscribers cost one read per burst, not a
+ * thousand); a poll covers messages lost while Redis reconnects. Because positions are given in commit order,
+ * reading `position > head` never skips an event that commits later.
+ */
+export class EventFeed {
+  /** Every event up to here has been handed to the sinks attached at the time. */
+  head = 0n;
+  readonly sinks = new Set<Sink>();
+  delivered = 0;
+  private draining: Promise<void> | null = null;
+  private again = false;
+  private closed = false;
+  private timer: NodeJS.Timeout | undefined;
+  private hints: AsyncIterator<unknown> | undefined;
+  private listening: Promise<void> | undefined;
+
+  private constructor(private readonly platform: Platform) {}
+
+  static async start(platform: Platform): Promise<EventFeed> {
+    const feed = new EventFeed(platform);
+    // Listen before reading the head: an event committed in between is then both below the head or woken for.
+    const hints = platform.bus.subscribe("instanceEvents");
+    feed.hints = hints;
+    feed.listening = (async () => {
+      for await (const _ of hints) feed.poke();
+    })().catch((e) => platform.log.warn("event feed lost its pub/sub subscription", { err: String(e) }));
+    feed.head = await platform.db.transaction((sql) => headPosition(sql));
+    feed.timer = setInterval(() => feed.poke(), platform.config.live.pollMs);
+    feed.timer.unref();
+    return feed;
+  }
+
+  /** Read what committed since the head, now or right after the read in progress. */
+  poke(): void {
+    if (this.closed) return;
+    if (this.draining) {
+      this.again = true;
+      return;
+    }
+    this.draining = this.drain().finally(() => {
+      this.draining = null;
+    });
+  }
+
+  /** Synchronous on purpose: a sink attached now gets exactly the events after the current head. */
+  attach(sink: Sink): void {
+    this.sinks.add(sink);
+  }
+
+  detach(sink: Sink): void {
+    this.sinks.delete(sink);
+  }
+
+  private async drain(): Promise<void> {
+    try {
+      do {
+        this.again = false;
+        for (;;) {
+          const from = this.head;
+          if (this.sinks.size === 0) {
+            // Nobody listens: only move the head, unless a sink attached during the read (it needs the events).
+            const head = await this.platform.db.transaction((sql) => headPosition(sql));
+            if (this.sinks.size === 0 && this.head === from) {
+              if (head > from) this.head = head;
+              break;
+            }
+            continue;
+          }
+          const batch = await this.platform.db.transaction((sql) => readEvents(sql, {}, from, null, BATCH));
+          for (const e of batch) {
+            this.head = e.position;
+            for (const sink of this.sinks) {
+              if (!matches(sink.filter, e)) continue;
+              sink.push(e);
+              this.delivered++;
+            }
+          }
+          if (batch.length < BATCH) break;
+        }
+      } while (this.again && !this.closed);
+    } catch (e) {
+      // The next hint or poll tries again from the same head: nothing is skipped.
+      this.platform.log.warn("event feed read failed", { err: String(e) });
+    }
+  }
+
+  async close(): Promise<void> {
+    this.closed = true;
+    clearInterval(this.timer);
+    await this.hints?.return?.();
+    await this.listening;
+    await this.draining;
+    this.sinks.clear();
+  }
+}

@@ -1,0 +1,234 @@
+import type { Principal } from "../../core/principal.ts";
+import { type EventFilter, readEvents, type WatchedEvent } from "../../core/watch.ts";
+import type { Platform } from "../../infra/platform.ts";
+import { EventFeed, type Sink } from "./feed.ts";
+
+/**
+ * Websocket close codes a client acts on. Clients retry all but `unauthorized`; a watcher resumes with the
+ * cursor of the last event it saw (sdk/watch.ts does).
+ */
+export const CloseCode = {
+  /** The server is stopping or restarting: reconnect (to any replica) and resume. */
+  restart: 1012,
+  /** The connection fell further behind than its buffer: reconnect and resume; nothing is lost. */
+  slowConsumer: 4008,
+  /** The credential expired or was revoked: retrying with it cannot succeed. */
+  unauthorized: 4401,
+} as const;
+
+/** The one thing the hub needs of a websocket. */
+export interface Socket {
+  close(code: number, reason: string): void;
+}
+
+/** Catch-up pages while a subscriber replays from its cursor: paced by the subscriber, so never counted as backlog. */
+const PAGE = 500;
+
+/** One websocket: who it speaks for, and the backlog of all its subscriptions together. */
+export class LiveConnection {
+  queued = 0;
+  readonly streams = new Set<EventStream>();
+  private expiry: NodeJS.Timeout | undefined;
+  ended = false;
+
+  constructor(
+    readonly socket: Socket,
+    readonly principal: Principal | null,
+    /** The bearer, kept to re-check it (a revocation message can be lost). */
+    readonly bearer: string | null,
+    private readonly hub: LiveHub,
+  ) {
+    const at = principal?.credential?.expiresAt;
+    // Timers hold at most ~24 days; a later expiry is caught by the periodic re-check.
+    if (at) {
+      this.expiry = setTimeout(() => this.end(CloseCode.unauthorized, "credential expired"), Math.min(at.getTime() - Date.now(), 2 ** 31 - 1));
+      this.expiry.unref();
+    }
+  }
+
+  /** The client went away (or graphql-ws closed it): stop its streams, keep no record of it. */
+  dropped(): void {
+    if (this.ended) return;
+    this.ended = true;
+    clearTimeout(this.expiry);
+    this.hub.forget(this);
+    for (const s of this.streams) s.end();
+  }
+
+  /** Close the socket first (so nothing more is sent), then stop every stream of it at once. */
+  end(code: number, reason: string): void {
+    if (this.ended) return;
+    this.ended = true;
+    clearTimeout(this.expiry);
+    this.hub.forget(this, code);
+    try {
+      this.socket.close(code, reason);
+    } catch {
+      // already closed
+    }
+    for (const s of this.streams) s.end();
+  }
+}
+
+/** A subscription's live tail: a queue the feed pushes into and graphql-ws pulls from as fast as the socket drains. */
+class EventStream implements Sink, AsyncIterableIterator<WatchedEvent> {
+  private queue: WatchedEvent[] = [];
+  private wake: (() => void) | null = null;
+  private done = false;
+
+  constructor(
+    readonly filter: EventFilter,
+    private readonly conn: LiveConnection,
+    private readonly limit: number,
+  ) {}
+
+  push(e: WatchedEvent): void {
+    if (this.done) return;
+    this.queue.push(e);
+    this.conn.queued++;
+    if (this.conn.queued > this.limit) {
+      this.conn.end(CloseCode.slowConsumer, `slow consumer: over ${this.limit} events behind; reconnect and resume from your last cursor`);
+      return;
+    }
+    this.wake?.();
+  }
+
+  end(): void {
+    if (this.done) return;
+    this.done = true;
+    this.conn.queued -= this.queue.length;
+    this.queue = [];
+    this.wake?.();
+  }
+
+  get ended(): boolean {
+    return this.done;
+  }
+
+  async next(): Promise<IteratorResult<WatchedEvent>> {
+    for (;;) {
+      const e = this.queue.shift();
+      if (e) {
+        this.conn.queued--;
+        return { done: false, value: e };
+      }
+      if (this.done) return { done: true, value: undefined };
+      await new Promise<void>((r) => {
+        this.wake = r;
+      });
+      this.wake = null;
+    }
+  }
+
+  async return(): Promise<IteratorResult<WatchedEvent>> {
+    this.end();
+    return { done: true, value: undefined };
+  }
+
+  [Symbol.asyncIterator]() {
+    return this;
+  }
+}
+
+/**
+ * The server's live side: its feed, its connections, and what ends them (revocation, expiry, shutdown,
+ * falling behind). Embedded or on Redis it behaves the same; only the bus under the feed differs.
+ */
+export class LiveHub {
+  readonly connections = new Set<LiveConnection>();
+  readonly closedBy = new Map<number, number>();
+  private revocations: AsyncIterator<{ key: string }> | undefined;
+  private listening: Promise<void> | undefined;
+  private reauth: NodeJS.Timeout | undefined;
+
+  private constructor(
+    private readonly platform: Platform,
+    readonly feed: EventFeed,
+    private readonly authenticate: (bearer: string) => Promise<Principal | null>,
+  ) {}
+
+  static async start(platform: Platform, authenticate: (bearer: string) => Promise<Principal | null>): Promise<LiveHub> {
+    const hub = new LiveHub(platform, await EventFeed.start(platform), authenticate);
+    const revocations = platform.bus.subscribe("credentialsRevoked");
+    hub.revocations = revocations;
+    hub.listening = (async () => {
+      for await (const { key } of revocations) hub.revoke(key);
+    })().catch((e) => platform.log.warn("live hub lost its revocation subscription", { err: String(e) }));
+    hub.reauth = setInterval(() => void hub.recheck(), platform.config.live.reauthMs);
+    hub.reauth.unref();
+    return hub;
+  }
+
+  connect(socket: Socket, principal: Principal | null, bearer: string | null): LiveConnection {
+    const conn = new LiveConnection(socket, principal, bearer, this);
+    this.connections.add(conn);
+    return conn;
+  }
+
+  /** Called when a connection ends, however it ends. */
+  forget(conn: LiveConnection, code?: number): void {
+    if (!this.connections.delete(conn)) return;
+    if (code !== undefined) this.closedBy.set(code, (this.closedBy.get(code) ?? 0) + 1);
+  }
+
+  subscriptions(): number {
+    let n = 0;
+    for (const c of this.connections) n += c.streams.size;
+    return n;
+  }
+
+  /**
+   * A subscription: the events after `after` from the table (paged, at the subscriber's pace), then the live
+   * tail. The switch happens when the replay reaches the feed's head, synchronously, so no event is missed or
+   * repeated between the two. Without a cursor it starts at the head: changes from now on.
+   */
+  async *watch(conn: LiveConnection, filter: EventFilter, after: bigint | null): AsyncGenerator<WatchedEvent> {
+    const stream = new EventStream(filter, conn, this.platform.config.live.bufferEvents);
+    conn.streams.add(stream);
+    try {
+      let last = after ?? this.feed.head;
+      while (last < this.feed.head) {
+        const target = this.feed.head;
+        const page = await this.platform.db.transaction((sql) => readEvents(sql, filter, last, target, PAGE));
+        for (const e of page) {
+          if (stream.ended) return;
+          yield e;
+          last = e.position;
+        }
+        if (page.length < PAGE) last = target;
+      }
+      if (stream.ended) return;
+      this.feed.attach(stream);
+      yield* stream;
+    } finally {
+      this.feed.detach(stream);
+      stream.end();
+      conn.streams.delete(stream);
+    }
+  }
+
+  revoke(key: string): void {
+    for (const c of this.connections) if (c.principal?.credential?.key === key) c.end(CloseCode.unauthorized, "credential revoked");
+  }
+
+  /** The safety net under revocation messages: every credential is checked again now and then. */
+  private async recheck(): Promise<void> {
+    for (const c of [...this.connections]) {
+      if (!c.bearer || !c.principal?.credential) continue;
+      try {
+        if (!(await this.authenticate(c.bearer))) c.end(CloseCode.unauthorized, "credential expired or revoked");
+      } catch {
+        // the database is unreachable: keep the connection, check again next time
+      }
+    }
+  }
+
+  /** Ask every client to come back later (to this server restarted, or another replica). */
+  async close(): Promise<void> {
+    clearInterval(this.reauth);
+    for (const c of [...this.connections]) c.end(CloseCode.restart, "server restarting: reconnect and resume from your last cursor");
+    await this.revocations?.return?.();
+    await this.listening;
+    await this.feed.close();
+  }
+}

@@ -1,0 +1,75 @@
+import { AppError } from "../../core/errors.ts";
+import { cursorOf, type EventFilter, eventFilter, headPosition, instanceFilter, parseCursor, type WatchedEvent } from "../../core/watch.ts";
+import type { Context } from "../context.ts";
+import { builder } from "./builder.ts";
+import { DesiredState, Instance, InstanceState } from "./instances.ts";
+
+/** Live state: instance events over graphql-ws, resumable from a cursor (server/live/hub.ts). */
+
+const InstanceEvent = builder.objectRef<WatchedEvent>("InstanceEvent").implement({
+  description: "One change of an instance's state or desired state, in commit order.",
+  fields: (t) => ({
+    cursor: t.string({
+      description: "Opaque. Pass it as `after` to resume right after this event.",
+      resolve: (e) => cursorOf(e.position),
+    }),
+    instance: t.field({ type: Instance, description: "The instance as it is when the event is delivered.", resolve: (e) => e.instance }),
+    fromState: t.field({
+      type: InstanceState,
+      nullable: true,
+      description: "Null for the event that created it.",
+      resolve: (e) => e.fromState as "pending" | null,
+    }),
+    toState: t.field({ type: InstanceState, resolve: (e) => e.toState as "pending" }),
+    desiredState: t.field({ type: DesiredState, resolve: (e) => e.desiredState as "running" }),
+    reason: t.exposeString("reason", {
+      description: "Why: `created`, `requested:<desired>`, or the reconciler's reason (host report, lost host, recreate, …).",
+    }),
+    actor: t.exposeString("actor", { description: "An identity id, `reconciler`, or `node:<id>`." }),
+    version: t.exposeInt("version", { description: "The instance's version after the change: per instance, every event in order, no gaps." }),
+    at: t.expose("at", { type: "DateTime" }),
+  }),
+});
+
+function watch(ctx: Context, filter: EventFilter, after: string | null | undefined) {
+  if (!ctx.live) throw new AppError("UNSUPPORTED", "subscriptions run over the websocket (graphql-ws) on the same URL");
+  return ctx.live.hub.watch(ctx.live.conn, filter, after ? parseCursor(after) : null);
+}
+
+builder.queryFields((t) => ({
+  instanceEventsCursor: t.string({
+    description: "The cursor of the newest event. Read state, then subscribe with `after` set to this, and nothing that happens in between is missed.",
+    resolve: async (_r, _a, ctx) => {
+      eventFilter(ctx.principal, {});
+      return cursorOf(await ctx.platform.db.transaction((sql) => headPosition(sql)));
+    },
+  }),
+}));
+
+builder.subscriptionFields((t) => ({
+  instanceEvents: t.field({
+    type: InstanceEvent,
+    description:
+      "Every change of the instances the caller can see (tenants: their tenant's; operators: all), narrowed by pool or project. " +
+      "With `after`, the events missed since that cursor come first, then the live stream: no gap, no repeat.",
+    args: { poolId: t.arg.id(), projectId: t.arg.id(), after: t.arg.string() },
+    subscribe: (_r, args, ctx) => {
+      const filter = eventFilter(ctx.principal, {
+        poolId: args.poolId ? String(args.poolId) : null,
+        projectId: args.projectId ? String(args.projectId) : null,
+      });
+      return watch(ctx, filter, args.after);
+    },
+    resolve: (e) => e,
+  }),
+  instanceChanged: t.field({
+    type: InstanceEvent,
+    description: "The changes of one instance; NOT_FOUND unless the caller can read it. `after` resumes as for instanceEvents.",
+    args: { id: t.arg.id({ required: true }), after: t.arg.string() },
+    subscribe: async (_r, args, ctx) => {
+      const filter = await ctx.platform.db.transaction((sql) => instanceFilter(sql, ctx.principal, String(args.id)));
+      return watch(ctx, filter, args.after);
+    },
+    resolve: (e) => e,
+  }),
+}));

@@ -1,0 +1,231 @@
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { WebSocket } from "ws";
+import {
+  CreateApiTokenDocument,
+  CreateInstanceDocument,
+  RevokeApiTokenDocument,
+  StartInstanceDocument,
+  StopInstanceDocument,
+  watchInstanceEvents,
+} from "../../sdk/client.ts";
+import { type App, startServer } from "../../server/app.ts";
+import { expectCode, type Harness, startHarness } from "../support/harness.ts";
+import { EVENT_FIELDS, headCursor, watcher } from "../support/live.ts";
+
+type Ev = {
+  cursor: string;
+  fromState: string | null;
+  toState: string;
+  reason: string;
+  actor: string;
+  version: number;
+  instance: { id: string; state: string };
+};
+const EVENTS = `subscription($poolId: ID, $projectId: ID, $after: String) { instanceEvents(poolId: $poolId, projectId: $projectId, after: $after) { ${EVENT_FIELDS} } }`;
+const CHANGED = `subscription($id: ID!, $after: String) { instanceChanged(id: $id, after: $after) { ${EVENT_FIELDS} } }`;
+
+/** Flip an instance's desired state `n` times: one event each. */
+async function flip(client: Harness["operator"], id: string, n: number, from = 0) {
+  for (let i = from; i < from + n; i++) {
+    if (i % 2 === 0) await client.request(StopInstanceDocument, { id });
+    else await client.request(StartInstanceDocument, { id });
+  }
+}
+
+const versions = (evs: Ev[]) => evs.map((e) => e.version);
+const range = (a: number, b: number) => Array.from({ length: b - a + 1 }, (_, i) => a + i);
+
+describe.each([
+  ["on Redis", {}],
+  ["embedded, on the in-memory bus", { REDIS_URL: "" }],
+])("instance events %s", (_name, env) => {
+  let h: Harness;
+  beforeAll(async () => {
+    h = await startHarness(env);
+  });
+  afterAll(async () => h?.close());
+
+  it("delivers each change with the instance, from/to state, reason, actor, version and cursor", async () => {
+    const t = await h.tenant();
+    const pool = await h.hostedPool();
+    const w = watcher<Ev>(h.url, t.token, EVENTS, { after: await headCursor(t.client) });
+    const inst = (await t.client.request(CreateInstanceDocument, { input: { poolId: pool.poolId, flavor: "small", imageId: pool.imageId } })).createInstance;
+    await flip(t.client, inst.id, 2);
+    await expect.poll(() => w.events.length, { timeout: 10_000, interval: 20 }).toBe(3);
+    expect(w.events).toMatchObject([
+      { fromState: null, toState: "PENDING", desiredState: "RUNNING", reason: "created", actor: t.identityId, version: 1 },
+      { fromState: "PENDING", toState: "PENDING", desiredState: "STOPPED", reason: "requested:stopped", version: 2 },
+      { fromState: "PENDING", toState: "PENDING", desiredState: "RUNNING", reason: "requested:running", version: 3 },
+    ]);
+    expect(w.events.every((e) => e.instance.id === inst.id)).toBe(true);
+    expect(new Set(w.events.map((e) => e.cursor)).size).toBe(3);
+    expect(w.errors).toEqual([]);
+    await w.dispose();
+  });
+
+  it("resumes after a dropped connection with every missed event, none twice, in version order", async () => {
+    const t = await h.tenant();
+    const pool = await h.hostedPool();
+    const inst = (await t.client.request(CreateInstanceDocument, { input: { poolId: pool.poolId, flavor: "small", imageId: pool.imageId } })).createInstance;
+    const first = watcher<Ev>(h.url, t.token, CHANGED, { id: inst.id, after: "0" });
+    await flip(t.client, inst.id, 3);
+    await expect.poll(() => versions(first.events), { timeout: 10_000, interval: 20 }).toEqual([1, 2, 3, 4]);
+    first.socket?.terminate();
+    await expect.poll(() => first.closed?.code, { timeout: 5000, interval: 20 }).toBe(1006);
+    // Missed while away: through the API and straight from the worker's side of the house.
+    await flip(t.client, inst.id, 5, 3);
+    const last = first.events.at(-1)?.cursor as string;
+    const again = watcher<Ev>(h.url, t.token, CHANGED, { id: inst.id, after: last });
+    await expect.poll(() => versions(again.events), { timeout: 10_000, interval: 20 }).toEqual(range(5, 9));
+    await flip(t.client, inst.id, 2, 8);
+    await expect.poll(() => versions(again.events), { timeout: 10_000, interval: 20 }).toEqual(range(5, 11));
+    await first.dispose();
+    await again.dispose();
+  });
+});
+
+describe("live connections", () => {
+  let h: Harness;
+  beforeAll(async () => {
+    h = await startHarness({ LIVE_BUFFER_EVENTS: "20", LIVE_REAUTH_MS: "500" });
+  });
+  afterAll(async () => h?.close());
+
+  it("never shows a tenant another tenant's events; an operator watches a whole pool", async () => {
+    const a = await h.tenant();
+    const b = await h.tenant();
+    const pool = await h.hostedPool();
+    const other = await h.hostedPool({ ipv4Range: "10.11.0.0/24" });
+    const after = await headCursor(h.operator);
+    const bAll = watcher<Ev>(h.url, b.token, EVENTS, { after });
+    const bPool = watcher<Ev>(h.url, b.token, EVENTS, { after, poolId: pool.poolId });
+    const op = watcher<Ev>(h.url, h.operatorToken, EVENTS, { after, poolId: pool.poolId });
+    const aInst = (await a.client.request(CreateInstanceDocument, { input: { poolId: pool.poolId, flavor: "small", imageId: pool.imageId } })).createInstance;
+    await flip(a.client, aInst.id, 2);
+    await a.client.request(CreateInstanceDocument, { input: { poolId: other.poolId, flavor: "small", imageId: other.imageId } });
+    // B's own change comes after A's: once B sees it, A's had their chance to leak.
+    const bInst = (await b.client.request(CreateInstanceDocument, { input: { poolId: pool.poolId, flavor: "small", imageId: pool.imageId } })).createInstance;
+    await expect.poll(() => bAll.events.length + bPool.events.length, { timeout: 10_000, interval: 20 }).toBe(2);
+    expect([...bAll.events, ...bPool.events].map((e) => e.instance.id)).toEqual([bInst.id, bInst.id]);
+    await expect.poll(() => op.events.map((e) => e.instance.id), { timeout: 10_000, interval: 20 }).toEqual([aInst.id, aInst.id, aInst.id, bInst.id]);
+
+    const peek = watcher<Ev>(h.url, b.token, CHANGED, { id: aInst.id });
+    await expect.poll(() => peek.errors.length, { timeout: 5000, interval: 20 }).toBe(1);
+    expect(peek.errors[0]).toMatchObject({ extensions: { code: "NOT_FOUND" } });
+    const noScope = await h.tenant({ scopes: ["compute:images:read"] });
+    const denied = watcher<Ev>(h.url, noScope.token, EVENTS, {});
+    await expect.poll(() => denied.errors[0], { timeout: 5000, interval: 20 }).toMatchObject({ extensions: { code: "FORBIDDEN" } });
+    const bad = watcher<Ev>(h.url, b.token, EVENTS, { after: "not-a-cursor" });
+    await expect.poll(() => bad.errors[0], { timeout: 5000, interval: 20 }).toMatchObject({ extensions: { code: "INVALID_INPUT" } });
+    for (const w of [bAll, bPool, op, peek, denied, bad]) await w.dispose();
+  });
+
+  it("ends a connection when its token is revoked or expires, and refuses a dead token at connect", async () => {
+    const t = await h.tenant();
+    const { createApiToken: second } = await h.operator.request(CreateApiTokenDocument, { input: { tenantId: t.id, name: "revoke-me" } });
+    const revoked = watcher<Ev>(h.url, second.token, EVENTS, {});
+    await expect.poll(() => revoked.socket !== null, { timeout: 5000, interval: 20 }).toBe(true);
+    await h.operator.request(RevokeApiTokenDocument, { id: second.apiToken.id });
+    await expect.poll(() => revoked.closed, { timeout: 5000, interval: 20 }).toEqual({ code: 4401, reason: "credential revoked" });
+
+    const { createApiToken: brief } = await h.operator.request(CreateApiTokenDocument, {
+      input: { tenantId: t.id, name: "brief", expiresAt: new Date(Date.now() + 1500).toISOString() },
+    });
+    const expiring = watcher<Ev>(h.url, brief.token, EVENTS, {});
+    await expect.poll(() => expiring.socket !== null, { timeout: 5000, interval: 20 }).toBe(true);
+    expect(expiring.closed).toBeNull();
+    await expect.poll(() => expiring.closed?.code, { timeout: 10_000, interval: 50 }).toBe(4401);
+
+    const late = watcher<Ev>(h.url, second.token, EVENTS, {});
+    await expect.poll(() => late.closed?.code, { timeout: 5000, interval: 20 }).toBe(4401);
+    // The SDK's resuming watcher does not retry a credential that cannot work.
+    await expectCode(watchInstanceEvents({ url: h.url, token: second.token }).next(), "UNAUTHENTICATED");
+    for (const w of [revoked, expiring, late]) await w.dispose();
+  });
+
+  it("cuts off a slow consumer while a fast one keeps up, and the slow one resumes from its cursor", async () => {
+    const t = await h.tenant();
+    const pool = await h.hostedPool();
+    // Large events fill the socket buffers quickly, so the backlog reaches the server's queue.
+    const userData = "x".repeat(60_000);
+    const inst = (await t.client.request(CreateInstanceDocument, { input: { poolId: pool.poolId, flavor: "small", imageId: pool.imageId, userData } }))
+      .createInstance;
+    const q = `subscription($id: ID!, $after: String) { instanceChanged(id: $id, after: $after) { cursor version instance { userData } } }`;
+    type Big = { cursor: string; version: number };
+    const fast = watcher<Big>(h.url, t.token, q, { id: inst.id, after: "0" });
+    const slow = watcher<Big>(h.url, t.token, q, { id: inst.id, after: "0" });
+    await expect.poll(() => fast.events.length + slow.events.length, { timeout: 10_000, interval: 20 }).toBe(2);
+    slow.socket?.pause();
+    const flips = 400;
+    await flip(t.client, inst.id, flips);
+    await expect.poll(() => versions(fast.events as never), { timeout: 60_000, interval: 50 }).toEqual(range(1, flips + 1));
+    const metrics = async () => (await fetch(h.url.replace("/graphql", "/metrics"))).text();
+    await expect.poll(metrics, { timeout: 20_000, interval: 100 }).toMatch(/bc_live_closed_total\{code="4008"\} 1/);
+    slow.socket?.resume();
+    await expect.poll(() => slow.closed, { timeout: 20_000, interval: 50 }).toMatchObject({ code: 4008, reason: expect.stringMatching(/slow consumer/) });
+    const got = slow.events.length;
+    expect(got).toBeGreaterThan(1);
+    expect(got).toBeLessThan(flips + 1);
+    const resumed = watcher<Big>(h.url, t.token, q, { id: inst.id, after: slow.events.at(-1)?.cursor });
+    await expect.poll(() => [...slow.events, ...resumed.events].map((e) => e.version), { timeout: 30_000, interval: 50 }).toEqual(range(1, flips + 1));
+    expect(fast.closed).toBeNull();
+    for (const w of [fast, slow, resumed]) await w.dispose();
+  });
+
+  it("closes clients with a retryable code on shutdown; the SDK watcher resumes on the restarted server without a gap", async () => {
+    const t = await h.tenant();
+    const pool = await h.hostedPool();
+    const inst = (await t.client.request(CreateInstanceDocument, { input: { poolId: pool.poolId, flavor: "small", imageId: pool.imageId } })).createInstance;
+    let app: App = await startServer(h.platform, { port: 0, host: "127.0.0.1" });
+    const port = Number(new URL(app.url).port);
+    const reconnects: (number | null)[] = [];
+    const seen: number[] = [];
+    const stream = watchInstanceEvents({ url: app.url, token: t.token, after: "0", onReconnect: (w) => reconnects.push(w.code) });
+    const reading = (async () => {
+      for await (const e of stream) {
+        if (e.instance.id !== inst.id) continue;
+        seen.push(e.version);
+        if (e.version === 12) return;
+      }
+    })();
+    await expect.poll(() => seen, { timeout: 10_000, interval: 20 }).toEqual([1]);
+    await flip(t.client, inst.id, 3);
+    await expect.poll(() => seen.length, { timeout: 10_000, interval: 20 }).toBe(4);
+    await app.close();
+    // While no server listens, changes go on through the harness's own server.
+    await flip(t.client, inst.id, 4, 3);
+    app = await startServer(h.platform, { port, host: "127.0.0.1" });
+    await flip(t.client, inst.id, 4, 7);
+    await reading;
+    expect(seen).toEqual(range(1, 12));
+    expect(reconnects[0]).toBe(1012);
+    await app.close();
+  });
+});
+
+describe("keepalive", () => {
+  let h: Harness;
+  beforeAll(async () => {
+    h = await startHarness({ WS_KEEPALIVE_MS: "300" });
+  });
+  afterAll(async () => h?.close());
+
+  it("pings every connection and drops a peer that stops answering", async () => {
+    const t = await h.tenant();
+    const connect = (autoPong: boolean) => {
+      const ws = new WebSocket(h.url.replace(/^http/, "ws"), "graphql-transport-ws", { autoPong });
+      const seen = { pings: 0, closed: null as number | null };
+      ws.on("ping", () => seen.pings++);
+      ws.on("close", (code) => (seen.closed = code));
+      ws.on("open", () => ws.send(JSON.stringify({ type: "connection_init", payload: { authorization: `Bearer ${t.token}` } })));
+      return { ws, seen };
+    };
+    const alive = connect(true);
+    const mute = connect(false);
+    await expect.poll(() => mute.seen.closed, { timeout: 10_000, interval: 50 }).toBe(1006);
+    expect(mute.seen.pings).toBeGreaterThan(0);
+    expect(alive.seen.pings).toBeGreaterThan(0);
+    expect(alive.seen.closed).toBeNull();
+    alive.ws.close();
+  });
+});
