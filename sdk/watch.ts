@@ -13,6 +13,8 @@ export interface WatchOptions {
   onReconnect?: (why: { code: number | null; reason: string; attempt: number }) => void;
   /** Reconnects in a row before giving up (default: forever). */
   maxAttempts?: number;
+  /** Stops the watch: the iteration ends, even while it waits for the next event. */
+  signal?: AbortSignal;
 }
 
 /** Codes after which coming back cannot help: the request or the credential is wrong. */
@@ -53,8 +55,11 @@ async function* resumable<R, V extends { after?: string | null }>(
   const query = print(doc);
   let after = opts.after ?? null;
   let attempt = 0;
+  // Disposing ends the pending iteration; a generator's own return() would wait for the next event first.
+  const abort = () => void client.dispose();
+  opts.signal?.addEventListener("abort", abort, { once: true });
   try {
-    for (;;) {
+    while (!opts.signal?.aborted) {
       try {
         for await (const r of client.iterate<R>({ query, variables: { ...vars, after } })) {
           if (r.errors?.length) throw new SdkError(r.errors as SdkError["errors"]);
@@ -65,6 +70,7 @@ async function* resumable<R, V extends { after?: string | null }>(
         }
         return;
       } catch (e) {
+        if (opts.signal?.aborted) return;
         if (e instanceof SdkError) throw e;
         const { code, reason } = closeOf(e);
         if (code === 4401) throw new SdkError([{ message: reason || "credential expired or revoked", extensions: { code: "UNAUTHENTICATED" } }]);
@@ -75,6 +81,7 @@ async function* resumable<R, V extends { after?: string | null }>(
       }
     }
   } finally {
+    opts.signal?.removeEventListener("abort", abort);
     await client.dispose();
   }
 }

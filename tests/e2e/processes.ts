@@ -117,10 +117,12 @@ export async function startCluster(opts: { hosts: number; capacity?: { vcpus: nu
     server,
     worker: new Proc("worker", ["worker"], env),
     agents: [] as Proc[],
+    /** More `bc server` processes on the same database and Redis (see `addServer`). */
+    replicas: [] as Proc[],
     client: (token?: string): Client => createClient({ url, token }),
     /** The error lines every process printed, for a failing test's message. */
     errors: () =>
-      [cluster.server, cluster.worker, ...cluster.agents].flatMap((p) =>
+      [cluster.server, ...cluster.replicas, cluster.worker, ...cluster.agents].flatMap((p) =>
         p.out
           .split("\n")
           .filter((l) => /"level":"error"|Error/.test(l))
@@ -128,6 +130,21 @@ export async function startCluster(opts: { hosts: number; capacity?: { vcpus: nu
       ),
     /** The fake runtimes' domain folders, one per host. */
     hostDirs: () => Array.from({ length: opts.hosts }, (_, i) => join(root, `host-${i + 1}`, "fake-host", "domains")),
+    /** Another server replica on a port of its own, which a test can restart. */
+    async addServer(): Promise<{ url: string; restart: (signal?: NodeJS.Signals) => Promise<void> }> {
+      const replicaEnv = { ...env, PORT: String(await freePort()) };
+      const i = cluster.replicas.length;
+      cluster.replicas.push(new Proc(`server ${i + 2}`, ["server"], replicaEnv));
+      const replicaUrl = (await (cluster.replicas[i] as Proc).waitFor(/GraphQL:\s+(\S+)/))[1] as string;
+      return {
+        url: replicaUrl,
+        async restart(signal: NodeJS.Signals = "SIGTERM") {
+          await cluster.replicas[i]?.stop(signal);
+          cluster.replicas[i] = new Proc(`server ${i + 2}`, ["server"], replicaEnv);
+          await (cluster.replicas[i] as Proc).waitFor(/GraphQL:\s+(\S+)/);
+        },
+      };
+    },
     async restartServer(signal: NodeJS.Signals = "SIGTERM") {
       await cluster.server.stop(signal);
       cluster.server = new Proc("server", ["server"], env);
@@ -149,7 +166,7 @@ export async function startCluster(opts: { hosts: number; capacity?: { vcpus: nu
       await cluster.agents[i].waitFor(/agent host-\d+ running/);
     },
     async close() {
-      for (const p of [...cluster.agents, cluster.worker, cluster.server]) await p.stop().catch(() => p.child.kill("SIGKILL"));
+      for (const p of [...cluster.agents, cluster.worker, ...cluster.replicas, cluster.server]) await p.stop().catch(() => p.child.kill("SIGKILL"));
       await (await inspector)?.close();
       await db.drop();
       const redis = new Redis(redisUrl);
