@@ -36,7 +36,13 @@ function collect(opts: Parameters<typeof watchInstanceEvents>[0]) {
   const done = (async () => {
     for await (const e of watchInstanceEvents({ ...opts, signal: stop.signal })) seen.push(e);
   })();
-  return { seen, stop: async () => (stop.abort(), await done) };
+  return {
+    seen,
+    stop: async () => {
+      stop.abort();
+      await done;
+    },
+  };
 }
 
 describe("two server replicas, a worker and an agent on one PostgreSQL and one Redis", () => {
