@@ -7,41 +7,13 @@
  * transaction alone and (b) the whole API (HTTP GraphQL, auth, Redis pub/sub and BullMQ wake-up), each as a
  * ratio of pgbench's single-row INSERT rate on the same PostgreSQL. Needs PostgreSQL, Redis and pgbench.
  */
-import { randomBytes } from "node:crypto";
 import { admitInstance } from "../core/admission.ts";
-import type { Platform } from "../infra/platform.ts";
 import { CreateInstanceDocument, createClient } from "../sdk/client.ts";
 import { startServer } from "../server/app.ts";
+import { admissionDeps, hostedFixture } from "./fixture.ts";
 import { benchArgs, benchPlatform, closedLoop, pgbenchInsertTps } from "./lib.ts";
 
 const args = benchArgs({ clients: 8, seconds: 10, nodes: 20 });
-
-async function setup(platform: Platform, clients: number) {
-  const now = platform.now();
-  const ctx = { ids: platform.ids, actor: "bench", now };
-  const { createTenant, createApiToken } = await import("../core/tenants.ts");
-  const { createPool, createNode } = await import("../core/pools.ts");
-  const { createFlavor } = await import("../core/flavors.ts");
-  const { registerImage } = await import("../core/images.ts");
-  return platform.transact(async (tx) => {
-    const pool = await createPool(tx, { ...ctx, runtime: "libvirt-kvm" }, { name: "bench", class: "vps-host", ipv4Range: "10.200.0.0/16" });
-    for (let i = 0; i < args.nodes; i++)
-      await createNode(tx, ctx, { poolId: pool.id, name: `n${i}`, capacity: { vcpus: 4096, memoryMib: 4_194_304, diskGib: 100_000 } });
-    await createFlavor(tx, ctx, { poolId: pool.id, name: "small", vcpus: 1, memoryMib: 512, diskGib: 5 });
-    const image = await registerImage(
-      tx,
-      platform.ids,
-      { identityId: "bench", tenantId: null, operator: true, scopes: new Set() },
-      { name: "img", source: "https://images.invalid/i.qcow2", sha256: "a".repeat(64), format: "qcow2", public: true },
-    );
-    const tenants = [];
-    for (let i = 0; i < clients; i++) {
-      const t = await createTenant(tx, ctx, { name: `bench-${i}` });
-      tenants.push({ tenant: t, ...(await createApiToken(tx, ctx, { tenantId: t.id, name: "bench" })) });
-    }
-    return { poolId: pool.id, imageId: image.id, tenants };
-  });
-}
 
 async function run() {
   const c = args.clients;
@@ -51,16 +23,8 @@ async function run() {
 
   const { platform, close } = await benchPlatform({ poolSize: c + 2 });
   try {
-    const fx = await setup(platform, c);
-
-    const deps = {
-      ids: platform.ids,
-      images: platform.images,
-      sealer: platform.sealer,
-      runtimes: ["libvirt-kvm"],
-      now: platform.now,
-      newIdempotencyKey: () => randomBytes(8).toString("hex"),
-    };
+    const fx = await hostedFixture(platform, { nodes: args.nodes, tenants: c });
+    const deps = admissionDeps(platform);
     const core = await closedLoop(c, args.seconds, async (i, n) => {
       const t = fx.tenants[i] as (typeof fx.tenants)[number];
       await platform.write(async (sql, emit) => {

@@ -4,4 +4,5 @@
 import { register } from "tsx/esm/api";
 
 register();
+globalThis[Symbol.for("bc.tsLoader")] = true;
 await import("../cli/bc.ts");

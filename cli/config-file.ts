@@ -11,6 +11,11 @@ export async function loadConfig(cwd = process.cwd(), env = process.env): Promis
   const file = explicit ?? CANDIDATES.map((f) => resolve(cwd, f)).find(existsSync);
   let contents: ConfigFile = {};
   if (file) {
+    // The compiled build (dist/) runs without a TypeScript loader: take one on only for a .ts config file.
+    if (/\.[cm]?ts$/.test(file) && !(globalThis as { [k: symbol]: unknown })[Symbol.for("bc.tsLoader")]) {
+      const { register } = await import("tsx/esm/api");
+      register();
+    }
     const mod = (await import(pathToFileURL(file).href)) as { default?: ConfigFile };
     contents = mod.default ?? {};
   }

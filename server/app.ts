@@ -10,6 +10,7 @@ import { authenticate } from "../core/tenants.ts";
 import type { Platform } from "../infra/platform.ts";
 import type { Context } from "./context.ts";
 import { asInvalidInput, toClientError } from "./errors.ts";
+import { subscribeShared } from "./live/execute.ts";
 import { CloseCode, type LiveConnection, LiveHub } from "./live/hub.ts";
 import { schema } from "./schema/index.ts";
 
@@ -134,7 +135,12 @@ export async function startServer(platform: Platform, opts: { port?: number; hos
       },
       onClose: (ctx) => live.get(ctx.extra.socket)?.dropped(),
       execute: ((args: { rootValue: { execute: (a: unknown) => unknown } }) => args.rootValue.execute(args)) as never,
-      subscribe: ((args: { rootValue: { subscribe: (a: unknown) => unknown } }) => args.rootValue.subscribe(args)) as never,
+      // Subscriptions skip yoga's executor: events are resolved once per distinct request (server/live/execute.ts).
+      subscribe: (args) => {
+        const ctx = args.contextValue as Context;
+        const mask = (r: ExecutionResult) => (r.errors?.length ? { ...r, errors: r.errors.map((e) => toClientError(e, platform.log, ctx.requestId)) } : r);
+        return subscribeShared(args, ctx.principal?.identityId ?? "", mask);
+      },
       onSubscribe: async (ctx, _id, payload) => {
         const {
           schema: s,
