@@ -3,7 +3,15 @@ import { mkdtempSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterAll, describe, expect, it } from "vitest";
-import { CreateApiTokenDocument, CreateInstanceDocument, createClient, InstanceDocument, InstancesDocument, TenantsDocument } from "../../sdk/client.ts";
+import {
+  CreateApiTokenDocument,
+  CreateInstanceDocument,
+  createClient,
+  InstanceDocument,
+  InstancesDocument,
+  TenantsDocument,
+  watchInstance,
+} from "../../sdk/client.ts";
 
 const children: ChildProcess[] = [];
 const dirs: string[] = [];
@@ -49,7 +57,8 @@ describe("npm start (bc dev --sim 3, embedded: PGlite, in-memory bus and jobs)",
     expect(await page.text()).toMatch(/graphiql/i);
 
     // The quick start: the demo tenant's instance in pool "local" runs on a simulated host within seconds.
-    const demo = createClient({ url: first.url, token: /Tenant:\s+(\S+)/.exec(first.banner)?.[1] });
+    const demoToken = /Tenant:\s+(\S+)/.exec(first.banner)?.[1] as string;
+    const demo = createClient({ url: first.url, token: demoToken });
     const quick = (
       await demo.request(CreateInstanceDocument, {
         input: {
@@ -59,7 +68,14 @@ describe("npm start (bc dev --sim 3, embedded: PGlite, in-memory bus and jobs)",
         },
       })
     ).createInstance;
-    await expect.poll(async () => (await demo.request(InstanceDocument, { id: quick.id })).instance?.state, { timeout: 30_000, interval: 100 }).toBe("RUNNING");
+    // Watched live, as the dashboard would: the in-memory bus and the PGlite event table behave as Redis and PostgreSQL do.
+    const seen: string[] = [];
+    for await (const e of watchInstance({ url: first.url, token: demoToken, id: quick.id, after: "0" })) {
+      seen.push(e.toState);
+      if (e.toState === "RUNNING") break;
+    }
+    expect(seen[0]).toBe("PENDING");
+    expect((await demo.request(InstanceDocument, { id: quick.id })).instance?.state).toBe("RUNNING");
 
     // The README's walkthrough, exactly as a newcomer runs it.
     const walk = spawnSync(process.execPath, ["--import", "tsx", "examples/walkthrough.ts"], {
