@@ -4,7 +4,7 @@ import type { ExecutionResult, GraphQLError } from "graphql";
 import { useServer } from "graphql-ws/use/ws";
 import { createYoga, type Plugin } from "graphql-yoga";
 import { WebSocketServer } from "ws";
-import { AppError } from "../core/errors.ts";
+import { AppError, isAppError } from "../core/errors.ts";
 import type { Principal } from "../core/principal.ts";
 import { authenticate } from "../core/tenants.ts";
 import type { Platform } from "../infra/platform.ts";
@@ -47,7 +47,13 @@ const invalidInputCodes: Plugin = {
 
 export async function startServer(platform: Platform, opts: { port?: number; host?: string } = {}): Promise<App> {
   const counters = { requests: 0 };
-  const hub = await LiveHub.start(platform, (bearer) => principalFor(platform, `Bearer ${bearer}`).catch(() => null));
+  // A credential that no longer works is null; a database outage throws, and the hub keeps the connection.
+  const hub = await LiveHub.start(platform, (bearer) =>
+    principalFor(platform, `Bearer ${bearer}`).catch((e) => {
+      if (isAppError(e, "UNAUTHENTICATED")) return null;
+      throw e;
+    }),
+  );
   const yoga = createYoga<{ requestId?: string }, Context>({
     schema,
     graphqlEndpoint: "/graphql",
