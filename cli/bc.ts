@@ -2,7 +2,7 @@ import { hostname } from "node:os";
 import { join, resolve } from "node:path";
 import { parseArgs } from "node:util";
 import { startAgent } from "../agent/index.ts";
-import { fakeRuntime, runtimes } from "../agent/runtimes/index.ts";
+import { fakeRuntime, type RuntimeOptions, runtimes } from "../agent/runtimes/index.ts";
 import { AppError, isAppError } from "../core/errors.ts";
 import { openDatabase } from "../infra/db/index.ts";
 import { migrate } from "../infra/db/migrate.ts";
@@ -21,6 +21,8 @@ const usage = `bc — the Better Compute control plane
   bc worker              the reconcilers and periodic jobs (BullMQ on REDIS_URL)
   bc agent --server URL [--join-token T] [--runtime fake] [--name N] [--state-dir D] [--heartbeat-ms MS]
            [--vcpus N --memory-mib N --disk-gib N] [--delay-ms MS]   (a simulated host: what it offers, how slow)
+           [--runtime libvirt-kvm [--domain-type auto|kvm|qemu] [--kernel F --initrd F --cmdline S]
+            [--shutdown-timeout-ms MS] [--gpu model=0000:65:00.0 ...] [--libvirt-uri URI]]
                          a host agent: joins once (the credential is kept in the state dir), then converges
   bc migrate             apply the committed migrations to DATABASE_URL (or the embedded database)
   bc migrate --create N  write prisma/migrations/<ts>_N from the schema's changes (development)
@@ -142,6 +144,15 @@ async function agentCommand(args: string[]) {
       "memory-mib": { type: "string", default: "65536" },
       "disk-gib": { type: "string", default: "1000" },
       "delay-ms": { type: "string", default: "0" },
+      // libvirt-kvm: the domain type (auto: kvm only with hardware virtualisation), direct kernel boot for
+      // root-filesystem images, the shutdown bound, and the GPUs offered (model=0000:65:00.0, repeatable).
+      "libvirt-uri": { type: "string" },
+      "domain-type": { type: "string" },
+      kernel: { type: "string" },
+      initrd: { type: "string" },
+      cmdline: { type: "string", default: "console=ttyS0 root=/dev/vda rw" },
+      "shutdown-timeout-ms": { type: "string" },
+      gpu: { type: "string", multiple: true },
     },
   });
   if (!values.server) throw new AppError("INVALID_CONFIG", "bc agent needs --server URL");
@@ -157,6 +168,8 @@ async function agentCommand(args: string[]) {
     runtime: await make({
       stateDir,
       capacity: { vcpus: Number(values.vcpus), memoryMib: Number(values["memory-mib"]), diskGib: Number(values["disk-gib"]), gpus: [] },
+      delayMs: Number(values["delay-ms"]),
+      libvirt: libvirtOptions(values),
     }),
     heartbeatMs: Number(values["heartbeat-ms"]),
     log: (m, f) => log.info(m, f),
@@ -168,6 +181,25 @@ async function agentCommand(args: string[]) {
   };
   process.once("SIGINT", stop);
   process.once("SIGTERM", stop);
+}
+
+function libvirtOptions(v: Record<string, string | boolean | string[] | undefined>): RuntimeOptions["libvirt"] {
+  const domainType = (v["domain-type"] as string | undefined) ?? process.env.LIBVIRT_DOMAIN_TYPE ?? "auto";
+  if (!["auto", "kvm", "qemu"].includes(domainType)) throw new AppError("INVALID_CONFIG", `--domain-type must be auto, kvm or qemu, not ${domainType}`);
+  const gpus = ((v.gpu as string[] | undefined) ?? []).map((g) => {
+    const m = /^([^=]+)=([0-9a-fA-F]{4}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7])$/.exec(g);
+    if (!m) throw new AppError("INVALID_CONFIG", `--gpu ${g}: expected model=0000:65:00.0`);
+    return { model: m[1] as string, pciAddress: m[2] as string };
+  });
+  return {
+    uri: (v["libvirt-uri"] as string | undefined) ?? process.env.LIBVIRT_URI,
+    domainType: domainType as "auto",
+    boot: v.kernel
+      ? { kernel: resolve(v.kernel as string), initrd: v.initrd ? resolve(v.initrd as string) : undefined, cmdline: v.cmdline as string }
+      : undefined,
+    shutdownTimeoutMs: v["shutdown-timeout-ms"] ? Number(v["shutdown-timeout-ms"]) : undefined,
+    gpus,
+  };
 }
 
 async function migrateCommand(args: string[]) {

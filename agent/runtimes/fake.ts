@@ -1,10 +1,10 @@
-import { createHash } from "node:crypto";
 import { existsSync, mkdirSync, readFileSync, renameSync, rmSync, writeFileSync } from "node:fs";
 import { readdir, readFile, rename, rm, writeFile } from "node:fs/promises";
 import { join } from "node:path";
 import { setTimeout as sleep } from "node:timers/promises";
-import type { Capacity, InstanceSpec } from "../../core/protocol.ts";
+import type { Capacity } from "../../core/protocol.ts";
 import { type DomainStatus, type Runtime, RuntimeError } from "./runtime.ts";
+import { renderSeed } from "./seed.ts";
 
 /**
  * The `fake` runtime: a hypervisor made of files, for `bc agent --runtime fake`, `bc dev --sim N` and tests.
@@ -12,7 +12,7 @@ import { type DomainStatus, type Runtime, RuntimeError } from "./runtime.ts";
  * and several fakes can share one process as long as each has its own directory.
  */
 
-export type FakeOp = "create" | "start" | "stop" | "pause" | "resume" | "remove" | "resize";
+export type FakeOp = "create" | "start" | "stop" | "pause" | "resume" | "remove" | "resize" | "snapshot" | "restore";
 
 export interface FakeOptions {
   /** State directory, created if missing. */
@@ -118,30 +118,6 @@ function consumeInjected(dir: string, op: FakeOp): void {
     writeInjections(dir, all);
   }
   throw new RuntimeError(failure.error, failure.retryable);
-}
-
-/**
- * The NoCloud seed a real host would burn with `genisoimage -volid cidata`: meta-data names the instance,
- * user-data carries the spec's keys and the caller's user data and nothing else (no token ever goes here).
- * With user data, a MIME multipart lets cloud-init apply our #cloud-config and the caller's part side by side,
- * whatever kind the caller's is; as text/plain, cloud-init sniffs it just as it would bare user data.
- */
-export function renderSeed(spec: InstanceSpec): { "meta-data": string; "user-data": string } {
-  // JSON strings are valid YAML scalars: a key or a hostname cannot break out of its line, whatever it holds.
-  const scalar = (s: string) => (/^[A-Za-z0-9][A-Za-z0-9._-]*$/.test(s) ? s : JSON.stringify(s));
-  const metaData = `instance-id: ${scalar(spec.id)}\nlocal-hostname: ${scalar(spec.hostname)}\n`;
-  const keys = spec.sshKeys.map((k) => `  - ${JSON.stringify(k)}\n`).join("");
-  const cloudConfig = `#cloud-config\nssh_authorized_keys:${keys ? `\n${keys}` : " []\n"}`;
-  if (!spec.userData) return { "meta-data": metaData, "user-data": cloudConfig };
-  // Derived from the content, so it cannot occur inside it.
-  const boundary = `==bc-${createHash("sha256").update(spec.userData).digest("hex").slice(0, 24)}==`;
-  const part = (type: string, body: string) => `--${boundary}\nContent-Type: ${type}; charset="utf-8"\nMIME-Version: 1.0\n\n${body}\n`;
-  const userData =
-    `Content-Type: multipart/mixed; boundary="${boundary}"\nMIME-Version: 1.0\n\n` +
-    part("text/cloud-config", cloudConfig) +
-    part("text/plain", spec.userData) +
-    `--${boundary}--\n`;
-  return { "meta-data": metaData, "user-data": userData };
 }
 
 export function createFakeRuntime(opts: FakeOptions): Runtime {
@@ -274,6 +250,24 @@ export function createFakeRuntime(opts: FakeOptions): Runtime {
         await rm(paths.overlay(id), { force: true });
         await rm(paths.seed(id), { force: true });
         await rm(paths.domain(id), { force: true });
+      }),
+
+    // The fake's "memory image" is the domain record itself: saving stops it, restoring brings it back running.
+    snapshot: (id, file) =>
+      op("snapshot", id, async () => {
+        const d = await load(id);
+        if (d.state === "stopped") throw new RuntimeError(`Requested operation is not valid: domain '${id}' is not running`, false);
+        await writeAtomic(file, `${JSON.stringify(d)}\n`);
+        await save({ ...d, state: "stopped" });
+      }),
+
+    restore: (id, file) =>
+      op("restore", id, async () => {
+        const d = await load(id);
+        if (d.state !== "stopped") throw new RuntimeError(`Requested operation is not valid: domain '${id}' is ${d.state}, restore needs it stopped`, false);
+        const saved = JSON.parse(await readFile(file, "utf8")) as DomainRecord;
+        if (saved.id !== id) throw new RuntimeError(`${file} holds ${saved.id}, not ${id}`, false);
+        await save({ ...d, state: saved.state === "paused" ? "paused" : "running" });
       }),
 
     async close() {

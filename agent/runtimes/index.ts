@@ -1,10 +1,19 @@
 import { join } from "node:path";
 import type { Capacity } from "../../core/protocol.ts";
 import { createFakeRuntime } from "./fake.ts";
+import { createLibvirtRuntime, type LibvirtOptions } from "./libvirt-kvm.ts";
 import type { Runtime } from "./runtime.ts";
 
-/** The runtimes an agent can drive, by id (what `bc agent --runtime` and pools' `runtime` name). */
-type Make = (o: { stateDir: string; capacity?: Capacity; delayMs?: number }) => Promise<Runtime> | Runtime;
+/** What an agent knows when it makes its runtime; each runtime takes what concerns it. */
+export interface RuntimeOptions {
+  stateDir: string;
+  /** fake: what the simulated host offers, and how slow it is. */
+  capacity?: Capacity;
+  delayMs?: number;
+  /** libvirt-kvm: how to reach libvirt and boot domains. */
+  libvirt?: Omit<LibvirtOptions, "stateDir">;
+}
+type Make = (o: RuntimeOptions) => Promise<Runtime> | Runtime;
 
 const ops = ["create", "start", "stop", "pause", "resume", "remove", "resize"] as const;
 
@@ -15,4 +24,7 @@ export const fakeRuntime: Make = (o) =>
     delays: o.delayMs ? Object.fromEntries(ops.map((op) => [op, o.delayMs])) : undefined,
   });
 
-export const runtimes: Record<string, Make> = { fake: fakeRuntime };
+const libvirtRuntime: Make = (o) => createLibvirtRuntime({ ...o.libvirt, stateDir: join(o.stateDir, "libvirt") });
+
+/** The runtimes an agent can drive, by id (what `bc agent --runtime` and pools' `runtime` name). */
+export const runtimes: Record<string, Make> = { fake: fakeRuntime, "libvirt-kvm": libvirtRuntime };

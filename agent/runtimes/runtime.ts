@@ -41,5 +41,9 @@ export interface Runtime {
   resize(id: string, shape: DomainStatus["shape"]): Promise<void>;
   /** Domain, overlay and seed gone. */
   remove(id: string): Promise<void>;
+  /** Save a running (or paused) domain's memory to `file`; the domain is stopped afterwards. */
+  snapshot(id: string, file: string): Promise<void>;
+  /** Bring a stopped domain back from `file`, running where it was saved. */
+  restore(id: string, file: string): Promise<void>;
   close(): Promise<void>;
 }

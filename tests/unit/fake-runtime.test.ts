@@ -70,8 +70,11 @@ describe("fake runtime", () => {
     expect(files["user-data"]).toContain("#cloud-config\nssh_authorized_keys:\n");
     expect(files["user-data"]).toContain(key);
     expect(files["user-data"]).toContain(userData);
-    // Nothing from the spec beyond keys, user data, id and hostname reaches the seed.
-    for (const leak of ["10.20.0.5", "br-bc", "images.example"]) expect(seed).not.toContain(leak);
+    // Nothing from the spec beyond keys, user data, id, hostname and the NIC's own address reaches the seed.
+    for (const leak of ["br-bc", "images.example"]) expect(seed).not.toContain(leak);
+    expect(files["network-config"]).toContain('macaddress: "52:54:00:12:34:56"');
+    expect(files["network-config"]).toContain('addresses: ["10.20.0.5/24"]');
+    expect(files["user-data"]).not.toContain("10.20.0.5");
 
     const base = join(dir, "images", sha);
     const inode = statSync(base).ino;

@@ -1,0 +1,81 @@
+import { describe, expect, it } from "vitest";
+import { domainXml, pciAddress } from "../../agent/runtimes/libvirt/domain-xml.ts";
+import { detectDomainType } from "../../agent/runtimes/libvirt/host.ts";
+import type { InstanceSpec } from "../../core/protocol.ts";
+
+const spec = (over: Partial<InstanceSpec> = {}): InstanceSpec => ({
+  id: "inst_abc",
+  power: "running",
+  vcpus: 2,
+  memoryMib: 512,
+  diskGib: 4,
+  gpus: [],
+  image: { url: "http://127.0.0.1/base.qcow2", sha256: "a".repeat(64), format: "qcow2" },
+  sshKeys: [],
+  userData: null,
+  hostname: "web-1",
+  nic: { bridge: "br-bc", mac: "52:54:00:aa:bb:cc", address: "10.0.0.2", prefix: 24, gateway: "10.0.0.1" },
+  ...over,
+});
+const paths = { overlay: "/var/lib/bc/inst_abc/overlay.qcow2", seed: "/var/lib/bc/inst_abc/seed.iso", console: "/var/lib/bc/inst_abc/console.log" };
+
+describe("libvirt domain XML", () => {
+  it("names the domain by its instance, sizes it, and wires disk, seed, bridge NIC and serial log", () => {
+    const xml = domainXml(spec(), { type: "qemu", paths });
+    expect(xml).toContain("<domain type='qemu'>");
+    expect(xml).toContain("<name>inst_abc</name>");
+    expect(xml).toContain("<memory unit='MiB'>512</memory>");
+    expect(xml).toContain("<vcpu>2</vcpu>");
+    expect(xml).toContain(`<source file='${paths.overlay}'/><target dev='vda' bus='virtio'/>`);
+    expect(xml).toMatch(/device='cdrom'>.*seed\.iso.*bus='ide'/);
+    expect(xml).toContain("<interface type='bridge'><source bridge='br-bc'/><mac address='52:54:00:aa:bb:cc'/>");
+    expect(xml).toContain(`<serial type='file'><source path='${paths.console}' append='on'/>`);
+    expect(xml).toContain("<boot dev='hd'/>");
+    expect(xml).not.toContain("host-passthrough");
+    expect(xml).not.toContain("hostdev");
+  });
+
+  it("passes the host CPU through under KVM only, and boots a given kernel when the host supplies one", () => {
+    const xml = domainXml(spec(), { type: "kvm", paths, boot: { kernel: "/k/vmlinuz", initrd: "/k/initrd", cmdline: "console=ttyS0 root=/dev/vda" } });
+    expect(xml).toContain("<domain type='kvm'>");
+    expect(xml).toContain("<cpu mode='host-passthrough'/>");
+    expect(xml).toContain("<kernel>/k/vmlinuz</kernel><initrd>/k/initrd</initrd><cmdline>console=ttyS0 root=/dev/vda</cmdline>");
+    expect(xml).not.toContain("<boot dev='hd'/>");
+  });
+
+  it("passes whole GPUs through as VFIO hostdevs at the addresses the node reported", () => {
+    const xml = domainXml(
+      spec({
+        gpus: [
+          { model: "nvidia-a100", pciAddress: "0000:65:00.0" },
+          { model: "nvidia-a100", pciAddress: "0000:b3:00.1" },
+        ],
+      }),
+      { type: "kvm", paths },
+    );
+    expect(xml).toContain(
+      "<hostdev mode='subsystem' type='pci' managed='yes'><source><address domain='0x0000' bus='0x65' slot='0x00' function='0x0'/></source></hostdev>",
+    );
+    expect(xml).toContain("<address domain='0x0000' bus='0xb3' slot='0x00' function='0x1'/>");
+    expect(() => domainXml(spec({ gpus: [{ model: "x", pciAddress: null }] }), { type: "kvm", paths })).toThrow(/no PCI address/);
+    expect(() => pciAddress("65:00.0'/><evil")).toThrow(/not a PCI address/);
+  });
+
+  it("escapes what comes from the spec", () => {
+    const xml = domainXml(spec({ nic: { ...spec().nic, bridge: "br'><x" } }), { type: "qemu", paths });
+    expect(xml).toContain("br&apos;&gt;&lt;x");
+  });
+});
+
+describe("domain type", () => {
+  const host = (flags: string, files: string[]) => detectDomainType(() => `processor: 0\nflags\t\t: fpu ${flags} sse\n`, (p) => files.includes(p));
+  it("is kvm with hardware virtualisation and a plain kvm module", () => {
+    expect(host("vmx", ["/dev/kvm"])).toBe("kvm");
+    expect(host("svm", ["/dev/kvm"])).toBe("kvm");
+  });
+  it("is qemu (emulation) without vmx/svm, without /dev/kvm, or under KVM-PVM", () => {
+    expect(host("", ["/dev/kvm"])).toBe("qemu");
+    expect(host("vmx", [])).toBe("qemu");
+    expect(host("vmx", ["/dev/kvm", "/sys/module/kvm_pvm"])).toBe("qemu");
+  });
+});
