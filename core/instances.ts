@@ -131,6 +131,11 @@ export async function setDesiredState(sql: Sql, who: Principal, id: string, desi
   const inst = await lockInstance(sql, who, id);
   if (inst.desiredState === desired) return { instance: inst, event: null };
   if (inst.desiredState === "deleted") throw new AppError("PRECONDITION_FAILED", `instance ${id} is being deleted`, { state: inst.state });
+  if (desired === "paused") {
+    // Pausing keeps the guest's memory on a host of ours; a provider has no such verb behind our API.
+    const [pool] = await sql.query<{ class: string }>(`SELECT class FROM pools WHERE id = $1`, [inst.poolId]);
+    if (pool?.class !== "vps-host") throw new AppError("UNSUPPORTED", "pause is supported on hosted pools only");
+  }
   return writeChange(sql, inst, { desired_state: desired }, `requested:${desired}`, ctx, `${verb[desired]}Instance`);
 }
 

@@ -204,6 +204,12 @@ builder.mutationFields((t) => ({
     args: { id: t.arg.id({ required: true }) },
     resolve: (_r, { id }, ctx) => changeDesired(ctx, String(id), "stopped", "compute:instances:update"),
   }),
+  pauseInstance: t.field({
+    type: Instance,
+    description: "Freeze a running instance in memory (its host keeps it; start resumes it). Hosted pools.",
+    args: { id: t.arg.id({ required: true }) },
+    resolve: (_r, { id }, ctx) => changeDesired(ctx, String(id), "paused", "compute:instances:update"),
+  }),
   deleteInstance: t.field({
     type: Instance,
     args: { id: t.arg.id({ required: true }) },

@@ -10,6 +10,7 @@ import {
   InstanceDocument,
   JoinNodeDocument,
   NodesDocument,
+  PauseInstanceDocument,
   ReportStatusDocument,
   ResizeInstanceDocument,
   SetNodeStateDocument,
@@ -59,6 +60,12 @@ describe("instances converge on simulated hosts", () => {
     expect(resized.state).toBe("RESIZING");
     await waitForState(t.client, inst.id, "STOPPED");
     expect(JSON.parse(readFileSync(domainFile(host, inst.id), "utf8")).shape).toMatchObject({ vcpus: 2, memoryMib: 2048 });
+    await t.client.request(StartInstanceDocument, { id: inst.id });
+    await waitForState(t.client, inst.id, "RUNNING");
+    // Paused in memory on its host, and back.
+    await t.client.request(PauseInstanceDocument, { id: inst.id });
+    await waitForState(t.client, inst.id, "PAUSED");
+    expect(JSON.parse(readFileSync(domainFile(host, inst.id), "utf8")).state).toBe("paused");
     await t.client.request(StartInstanceDocument, { id: inst.id });
     await waitForState(t.client, inst.id, "RUNNING");
     await t.client.request(DeleteInstanceDocument, { id: inst.id });

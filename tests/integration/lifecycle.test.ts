@@ -7,6 +7,7 @@ import {
   CreateProviderAccountDocument,
   DeleteInstanceDocument,
   type InstanceFieldsFragment,
+  PauseInstanceDocument,
   ResizeInstanceDocument,
   StartInstanceDocument,
   StopInstanceDocument,
@@ -169,6 +170,7 @@ describe("resize", () => {
     expect(usage.find((u) => u.resource === "memory_mib")?.used).toBe(4096n);
     await walk(h.platform, inst.id, ["scheduling", "provisioning", "stopped"]);
     await expectCode(pt.client.request(ResizeInstanceDocument, { id: inst.id, flavor: "cx22" }), "UNSUPPORTED");
+    await expectCode(pt.client.request(PauseInstanceDocument, { id: inst.id }), "UNSUPPORTED");
     await pt.client.request(DeleteInstanceDocument, { id: inst.id });
     await confirmDeleted(h.platform, inst.id);
     expect(await invariantViolations(h.platform)).toEqual([]);

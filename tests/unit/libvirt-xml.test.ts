@@ -68,7 +68,11 @@ describe("libvirt domain XML", () => {
 });
 
 describe("domain type", () => {
-  const host = (flags: string, files: string[]) => detectDomainType(() => `processor: 0\nflags\t\t: fpu ${flags} sse\n`, (p) => files.includes(p));
+  const host = (flags: string, files: string[]) =>
+    detectDomainType(
+      () => `processor: 0\nflags\t\t: fpu ${flags} sse\n`,
+      (p) => files.includes(p),
+    );
   it("is kvm with hardware virtualisation and a plain kvm module", () => {
     expect(host("vmx", ["/dev/kvm"])).toBe("kvm");
     expect(host("svm", ["/dev/kvm"])).toBe("kvm");
