@@ -1,6 +1,6 @@
 import { type ChildProcess, spawn } from "node:child_process";
 import { randomBytes } from "node:crypto";
-import { mkdtempSync, rmSync } from "node:fs";
+import { chmodSync, mkdtempSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { Redis } from "ioredis";
@@ -56,11 +56,20 @@ class Proc {
  * on PostgreSQL and Redis. Agents keep their node credential in their state dir, so a killed one restarts as
  * the same node.
  */
-export async function startCluster(opts: { hosts: number; capacity?: { vcpus: number; memoryMib: number; diskGib: number } }) {
+export async function startCluster(opts: {
+  hosts: number;
+  capacity?: { vcpus: number; memoryMib: number; diskGib: number };
+  /** The agents' runtime (default fake) and extra flags for it; extra environment for every process. */
+  runtime?: string;
+  agentArgs?: string[];
+  env?: Record<string, string>;
+}) {
   const db = await cloneDatabase();
   const prefix = `bce_${randomBytes(5).toString("hex")}`;
   const operatorToken = `op_${randomBytes(20).toString("hex")}`;
   const root = mkdtempSync(join(tmpdir(), "bc-e2e-"));
+  // A real hypervisor's QEMU runs as its own user and must reach the agents' disks below this directory.
+  chmodSync(root, 0o755);
   const env: NodeJS.ProcessEnv = {
     ...process.env,
     ...hostEnv,
@@ -73,6 +82,7 @@ export async function startCluster(opts: { hosts: number; capacity?: { vcpus: nu
     // A fixed port, so agents find a restarted server where they left it.
     PORT: String(await freePort()),
     HOST: "127.0.0.1",
+    ...opts.env,
   };
   const server = new Proc("server", ["server"], env);
   const url = (await server.waitFor(/GraphQL:\s+(\S+)/))[1] as string;
@@ -93,7 +103,7 @@ export async function startCluster(opts: { hosts: number; capacity?: { vcpus: nu
     "--server",
     url,
     "--runtime",
-    "fake",
+    opts.runtime ?? "fake",
     "--name",
     `host-${i + 1}`,
     "--state-dir",
@@ -106,10 +116,13 @@ export async function startCluster(opts: { hosts: number; capacity?: { vcpus: nu
     String(cap.memoryMib),
     "--disk-gib",
     String(cap.diskGib),
+    ...(opts.agentArgs ?? []),
     ...(joinToken ? ["--join-token", joinToken] : []),
   ];
   const cluster = {
     url,
+    /** Where the agents keep their state (host-<i>/). */
+    root,
     operator,
     poolId: createPool.id,
     imageId: registerImage.id,

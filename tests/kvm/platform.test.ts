@@ -1,0 +1,123 @@
+import { writeFileSync } from "node:fs";
+import { join } from "node:path";
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import {
+  CreateApiTokenDocument,
+  CreateInstanceDocument,
+  CreateTenantDocument,
+  DeleteInstanceDocument,
+  InstanceDocument,
+  PauseInstanceDocument,
+  RegisterImageDocument,
+  StartInstanceDocument,
+  StopInstanceDocument,
+} from "../../sdk/client.ts";
+import { type Cluster, startCluster } from "../e2e/processes.ts";
+import { testKey } from "../support/fixtures.ts";
+import { waitForState } from "../support/hosts.ts";
+import { invariantViolations } from "../support/ledger.ts";
+import { buildGuest, type Guest } from "./guest.ts";
+import { fileSha256, guestSaid, keyBlobSha256, makeBridge, openPath, readFromDisk, requireHypervisor, serveFiles, sh, virsh } from "./support.ts";
+
+/** The whole platform on a real hypervisor: server, worker and one agent driving this machine's libvirtd. */
+
+let c: Cluster;
+let guest: Guest;
+let server: Awaited<ReturnType<typeof serveFiles>>;
+let bridge: Awaited<ReturnType<typeof makeBridge>>;
+
+beforeAll(async () => {
+  await requireHypervisor();
+  guest = await buildGuest();
+  await openPath(guest.kernel);
+  bridge = await makeBridge(`bcpf${process.pid % 10000}`);
+  c = await startCluster({
+    hosts: 1,
+    runtime: "libvirt-kvm",
+    agentArgs: ["--kernel", guest.kernel, "--initrd", guest.initrd, "--cmdline", guest.cmdline, "--shutdown-timeout-ms", "1500"],
+    env: { VPS_HOST_NETWORK: bridge.name, VPS_RUNTIMES: "libvirt-kvm" },
+  });
+  const backed = join(c.root, "backed.qcow2");
+  await sh("qemu-img", ["create", "-q", "-f", "qcow2", "-F", "qcow2", "-b", guest.base, backed, "1G"]);
+  const tampered = join(c.root, "tampered.qcow2");
+  writeFileSync(tampered, "not the registered bytes");
+  server = await serveFiles({ "base.qcow2": guest.base, "backed.qcow2": backed, "tampered.qcow2": tampered });
+}, 300_000);
+
+afterAll(async () => {
+  const errors = c?.errors() ?? [];
+  if (errors.length) console.error(`process errors:\n${errors.slice(0, 20).join("\n")}`);
+  await c?.close();
+  await bridge?.remove();
+  await server?.close();
+});
+
+async function tenant() {
+  const { createTenant } = await c.operator.request(CreateTenantDocument, { input: { name: `kvm-${Date.now()}` } });
+  const { createApiToken } = await c.operator.request(CreateApiTokenDocument, { input: { tenantId: createTenant.id, name: "kvm" } });
+  return c.client(createApiToken.token);
+}
+
+const image = async (name: string, file: string, sha256: string) =>
+  (await c.operator.request(RegisterImageDocument, { input: { name, source: server.url(file), sha256, format: "QCOW2", public: true } })).registerImage.id;
+
+const instanceDir = (id: string) => join(c.root, "host-1", "libvirt", "instances", id);
+
+describe("server + worker + agent on libvirt-kvm", () => {
+  it("runs an instance created through the SDK: its guest sees its own id and key; stop, pause, start and delete reach the hypervisor", async () => {
+    const t = await tenant();
+    const key = testKey("owner@laptop", 9);
+    const imageId = await image("tiny", "base.qcow2", guest.sha256);
+    const inst = (await t.request(CreateInstanceDocument, { input: { poolId: c.poolId, flavor: "tiny", imageId, sshKeys: [key] } })).createInstance;
+    await waitForState(t, inst.id, "RUNNING", 180_000);
+    const consoleLog = join(instanceDir(inst.id), "console.log");
+    await expect.poll(() => "ready" in guestSaid(consoleLog), { timeout: 120_000, interval: 250 }).toBe(true);
+    const said = guestSaid(consoleLog);
+    expect(said["instance-id"]).toEqual([inst.id]);
+    expect(said["ssh-key-sha256"]).toEqual([keyBlobSha256(key)]);
+    expect(await virsh("domstate", inst.id)).toMatch(/running/);
+
+    await t.request(PauseInstanceDocument, { id: inst.id });
+    await waitForState(t, inst.id, "PAUSED", 60_000);
+    expect(await virsh("domstate", inst.id)).toMatch(/paused/);
+    await t.request(StartInstanceDocument, { id: inst.id });
+    await waitForState(t, inst.id, "RUNNING", 60_000);
+
+    await t.request(StopInstanceDocument, { id: inst.id });
+    await waitForState(t, inst.id, "STOPPED", 60_000);
+    expect(await virsh("domstate", inst.id)).toMatch(/shut off/);
+    const overlay = join(instanceDir(inst.id), "overlay.qcow2");
+    expect(await readFromDisk(overlay, `/bc-${inst.id}`, join(c.root, "disk.raw"))).toContain(inst.id);
+    expect(fileSha256(guest.base)).toBe(guest.sha256);
+
+    await t.request(DeleteInstanceDocument, { id: inst.id });
+    await waitForState(t, inst.id, "DELETED", 60_000);
+    expect(await virsh("list", "--all", "--name")).not.toContain(inst.id);
+    await expect.poll(async () => (await sh("ls", [join(c.root, "host-1", "libvirt", "instances")])).includes(inst.id), { timeout: 10_000 }).toBe(false);
+    await c.inspect(async (p) => expect(await invariantViolations(p)).toEqual([]));
+  }, 600_000);
+
+  it("refuses a tampered image and one that names a backing file, with the host's reason in a RuntimeError condition", async () => {
+    const t = await tenant();
+    const cases = [
+      {
+        imageId: await image(
+          "tampered",
+          "tampered.qcow2",
+          guest.sha256.replace(/^./, (ch) => (ch === "0" ? "1" : "0")),
+        ),
+        reason: /sha256/,
+      },
+      { imageId: await image("backed", "backed.qcow2", fileSha256(join(c.root, "backed.qcow2"))), reason: /backing file/ },
+    ];
+    for (const { imageId, reason } of cases) {
+      const inst = (await t.request(CreateInstanceDocument, { input: { poolId: c.poolId, flavor: "tiny", imageId } })).createInstance;
+      await waitForState(t, inst.id, "ERROR", 120_000);
+      const { instance } = await t.request(InstanceDocument, { id: inst.id });
+      expect(instance?.conditions.find((x) => x.type === "RuntimeError")?.message).toMatch(reason);
+      await t.request(DeleteInstanceDocument, { id: inst.id });
+      await waitForState(t, inst.id, "DELETED", 60_000);
+    }
+    await c.inspect(async (p) => expect(await invariantViolations(p)).toEqual([]));
+  }, 600_000);
+});
