@@ -1,9 +1,10 @@
+import { randomUUID } from "node:crypto";
 import { existsSync } from "node:fs";
-import { mkdir, mkdtemp, rm, writeFile } from "node:fs/promises";
+import { mkdir, mkdtemp, readFile, rm, writeFile } from "node:fs/promises";
 import { dirname, join, resolve } from "node:path";
 import { setTimeout as sleep } from "node:timers/promises";
 import type { Capacity, InstanceSpec } from "../../core/protocol.ts";
-import { type DirectBoot, type DomainType, domainXml } from "./libvirt/domain-xml.ts";
+import { type DirectBoot, type DomainType, domainXml, ownedBy } from "./libvirt/domain-xml.ts";
 import { run } from "./libvirt/exec.ts";
 import { detectDomainType, diskGib } from "./libvirt/host.ts";
 import { ImageCache, imageInfo, refuseReferences } from "./libvirt/images.ts";
@@ -71,7 +72,12 @@ export async function createLibvirtRuntime(o: LibvirtOptions): Promise<Runtime &
   await hv.connectOpen();
   const stateDir = resolve(o.stateDir);
   await mkdir(join(stateDir, "instances"), { recursive: true });
-  return new LibvirtRuntime(hv, { ...o, stateDir }, o.domainType && o.domainType !== "auto" ? o.domainType : detectDomainType());
+  // Who this runtime is, kept with its state: several agents (or other tools) may share one libvirtd, and a
+  // domain another one made is never listed, reported as an orphan or removed here.
+  const ownerFile = join(stateDir, "owner");
+  if (!existsSync(ownerFile)) await writeFile(ownerFile, `${randomUUID()}\n`, { flag: "wx" }).catch(() => {});
+  const owner = (await readFile(ownerFile, "utf8")).trim();
+  return new LibvirtRuntime(hv, { ...o, stateDir }, o.domainType && o.domainType !== "auto" ? o.domainType : detectDomainType(), owner);
 }
 
 export interface LibvirtRuntimeExtras {
@@ -86,11 +92,14 @@ class LibvirtRuntime implements Runtime, LibvirtRuntimeExtras {
   private readonly images: ImageCache;
   /** Disk sizes by instance: libvirt's domain info has no disk, and qemu-img is a process per call. */
   private readonly disks = new Map<string, number>();
+  /** Whether a domain (by name) is this runtime's; a name's owner never changes while it exists. */
+  private readonly owned = new Map<string, boolean>();
 
   constructor(
     private readonly hv: Hypervisor,
     private readonly o: LibvirtOptions & { stateDir: string },
     readonly domainType: DomainType,
+    private readonly owner: string,
   ) {
     this.images = new ImageCache(join(o.stateDir, "images"));
   }
@@ -111,7 +120,7 @@ class LibvirtRuntime implements Runtime, LibvirtRuntimeExtras {
     const out: DomainStatus[] = [];
     for (const d of await this.libvirt(() => this.hv.connectListAllDomains())) {
       const name = await this.libvirt(() => this.hv.domainGetName(d));
-      if (!isInstance(name)) continue;
+      if (!isInstance(name) || !(await this.mine(name, d))) continue;
       const info = await this.libvirt(() => this.hv.domainGetInfo(d));
       out.push({
         id: name,
@@ -134,8 +143,9 @@ class LibvirtRuntime implements Runtime, LibvirtRuntimeExtras {
       await run("qemu-img", ["create", "-q", "-f", "qcow2", "-F", spec.image.format, "-b", base, paths.overlay, `${spec.diskGib}G`]);
     }
     await this.writeSeed(spec, paths.seed);
-    const xml = domainXml(spec, { type: this.domainType, paths, boot: this.o.boot });
+    const xml = domainXml(spec, { type: this.domainType, owner: this.owner, paths, boot: this.o.boot });
     await this.libvirt(() => this.hv.domainDefineXML(xml));
+    this.owned.set(spec.id, true);
     this.disks.set(spec.id, spec.diskGib);
   }
 
@@ -202,6 +212,7 @@ class LibvirtRuntime implements Runtime, LibvirtRuntimeExtras {
     }
     await rm(this.dir(id), { recursive: true, force: true });
     this.disks.delete(id);
+    this.owned.delete(id);
   }
 
   /** Memory to a file; the domain is stopped afterwards. */
@@ -238,13 +249,25 @@ class LibvirtRuntime implements Runtime, LibvirtRuntimeExtras {
     return size;
   }
 
+  /** This runtime's domain of that name, or null (absent, or another runtime's). */
   private async lookup(id: string): Promise<Dom | null> {
     this.dir(id);
+    let d: Dom;
     try {
-      return await this.hv.domainLookupByName(id);
+      d = await this.hv.domainLookupByName(id);
     } catch {
       return null;
     }
+    return (await this.mine(id, d)) ? d : null;
+  }
+
+  private async mine(name: string, d: Dom): Promise<boolean> {
+    let owned = this.owned.get(name);
+    if (owned === undefined) {
+      owned = ownedBy(await this.libvirt(() => this.hv.domainGetXMLDesc(d, 2)), this.owner);
+      this.owned.set(name, owned);
+    }
+    return owned;
   }
 
   private async must(id: string): Promise<Dom> {

@@ -5,7 +5,15 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { Redis } from "ioredis";
 import { type Database, openDatabase } from "../../infra/db/index.ts";
-import { type Client, CreateFlavorDocument, CreateJoinTokenDocument, CreatePoolDocument, createClient, RegisterImageDocument } from "../../sdk/client.ts";
+import {
+  type Client,
+  CreateFlavorDocument,
+  CreateJoinTokenDocument,
+  CreatePoolDocument,
+  createClient,
+  NodesDocument,
+  RegisterImageDocument,
+} from "../../sdk/client.ts";
 import { sha256Of, until } from "../support/fixtures.ts";
 import { redisUrl } from "../support/harness.ts";
 import { hostEnv } from "../support/hosts.ts";
@@ -196,6 +204,13 @@ export async function startCluster(opts: {
     cluster.agents.push(p);
     await p.waitFor(/agent host-\d+ running/);
   }
+  // Placement needs each node's capacity, which arrives with its agent's first report.
+  await until(
+    "every node to report its capacity",
+    async () =>
+      (await operator.request(NodesDocument, { poolId: createPool.id })).nodes.filter((n) => n.lastReportAt && n.capacity.vcpus > 0).length === opts.hosts,
+    60_000,
+  );
   return cluster;
 }
 export type Cluster = Awaited<ReturnType<typeof startCluster>>;

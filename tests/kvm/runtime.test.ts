@@ -92,6 +92,13 @@ describe(`libvirt-kvm on this machine's libvirtd`, () => {
     expect(said.error).toBeUndefined();
     expect((await rt.list()).find((d) => d.id === s.id)).toMatchObject({ state: "running", shape: { vcpus: 1, memoryMib: 256, diskGib: 1 } });
 
+    // Another runtime on the same libvirtd (another agent, another tool) neither sees nor touches it.
+    const other = await createLibvirtRuntime({ stateDir: join(root, "other") });
+    expect((await other.list()).map((d) => d.id)).not.toContain(s.id);
+    await other.remove(s.id);
+    await other.close();
+    expect(await stateOf(s.id)).toBe("running");
+
     await rt.pause(s.id);
     expect(await stateOf(s.id)).toBe("paused");
     await rt.resume(s.id);

@@ -1,5 +1,5 @@
 import { describe, expect, it } from "vitest";
-import { domainXml, pciAddress } from "../../agent/runtimes/libvirt/domain-xml.ts";
+import { domainXml, ownedBy, pciAddress } from "../../agent/runtimes/libvirt/domain-xml.ts";
 import { detectDomainType } from "../../agent/runtimes/libvirt/host.ts";
 import type { InstanceSpec } from "../../core/protocol.ts";
 
@@ -21,7 +21,7 @@ const paths = { overlay: "/var/lib/bc/inst_abc/overlay.qcow2", seed: "/var/lib/b
 
 describe("libvirt domain XML", () => {
   it("names the domain by its instance, sizes it, and wires disk, seed, bridge NIC and serial log", () => {
-    const xml = domainXml(spec(), { type: "qemu", paths });
+    const xml = domainXml(spec(), { type: "qemu", owner: "o1", paths });
     expect(xml).toContain("<domain type='qemu'>");
     expect(xml).toContain("<name>inst_abc</name>");
     expect(xml).toContain("<memory unit='MiB'>512</memory>");
@@ -36,7 +36,12 @@ describe("libvirt domain XML", () => {
   });
 
   it("passes the host CPU through under KVM only, and boots a given kernel when the host supplies one", () => {
-    const xml = domainXml(spec(), { type: "kvm", paths, boot: { kernel: "/k/vmlinuz", initrd: "/k/initrd", cmdline: "console=ttyS0 root=/dev/vda" } });
+    const xml = domainXml(spec(), {
+      type: "kvm",
+      owner: "o1",
+      paths,
+      boot: { kernel: "/k/vmlinuz", initrd: "/k/initrd", cmdline: "console=ttyS0 root=/dev/vda" },
+    });
     expect(xml).toContain("<domain type='kvm'>");
     expect(xml).toContain("<cpu mode='host-passthrough'/>");
     expect(xml).toContain("<kernel>/k/vmlinuz</kernel><initrd>/k/initrd</initrd><cmdline>console=ttyS0 root=/dev/vda</cmdline>");
@@ -51,18 +56,27 @@ describe("libvirt domain XML", () => {
           { model: "nvidia-a100", pciAddress: "0000:b3:00.1" },
         ],
       }),
-      { type: "kvm", paths },
+      { type: "kvm", owner: "o1", paths },
     );
     expect(xml).toContain(
       "<hostdev mode='subsystem' type='pci' managed='yes'><source><address domain='0x0000' bus='0x65' slot='0x00' function='0x0'/></source></hostdev>",
     );
     expect(xml).toContain("<address domain='0x0000' bus='0xb3' slot='0x00' function='0x1'/>");
-    expect(() => domainXml(spec({ gpus: [{ model: "x", pciAddress: null }] }), { type: "kvm", paths })).toThrow(/no PCI address/);
+    expect(() => domainXml(spec({ gpus: [{ model: "x", pciAddress: null }] }), { type: "kvm", owner: "o1", paths })).toThrow(/no PCI address/);
     expect(() => pciAddress("65:00.0'/><evil")).toThrow(/not a PCI address/);
   });
 
+  it("marks the runtime that made it, as libvirt gives it back", () => {
+    const xml = domainXml(spec(), { type: "qemu", owner: "3f1c-aa", paths });
+    expect(ownedBy(xml, "3f1c-aa")).toBe(true);
+    const normalized = `<metadata>\n  <bc:instance xmlns:bc="urn:better-compute:instance" owner="3f1c-aa">inst_abc</bc:instance>\n</metadata>`;
+    expect(ownedBy(normalized, "3f1c-aa")).toBe(true);
+    expect(ownedBy(normalized, "3f1c-ab")).toBe(false);
+    expect(ownedBy("<domain><name>inst_abc</name></domain>", "3f1c-aa")).toBe(false);
+  });
+
   it("escapes what comes from the spec", () => {
-    const xml = domainXml(spec({ nic: { ...spec().nic, bridge: "br'><x" } }), { type: "qemu", paths });
+    const xml = domainXml(spec({ nic: { ...spec().nic, bridge: "br'><x" } }), { type: "qemu", owner: "o1", paths });
     expect(xml).toContain("br&apos;&gt;&lt;x");
   });
 });

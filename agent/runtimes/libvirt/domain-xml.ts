@@ -22,9 +22,17 @@ export interface DirectBoot {
 
 export interface DomainOptions {
   type: DomainType;
+  /** The runtime that made it: a host's runtime lists and touches only its own domains. */
+  owner: string;
   paths: DomainPaths;
   boot?: DirectBoot;
 }
+
+export const OWNER_NS = "urn:better-compute:instance";
+
+/** Whether a domain's XML says `owner` made it. */
+export const ownedBy = (xml: string, owner: string) =>
+  /^[0-9a-z-]+$/i.test(owner) && new RegExp(`<\\w+:instance[^>]*\\bowner=["']${owner}["']`).test(xml) && xml.includes(OWNER_NS);
 
 const esc = (s: string) => s.replace(/&/g, "&amp;").replace(/</g, "&lt;").replace(/>/g, "&gt;").replace(/"/g, "&quot;").replace(/'/g, "&apos;");
 
@@ -51,7 +59,7 @@ export function domainXml(spec: InstanceSpec, o: DomainOptions): string {
   return [
     `<domain type='${o.type}'>`,
     `<name>${esc(spec.id)}</name>`,
-    `<metadata><bc:instance xmlns:bc='urn:better-compute:instance'>${esc(spec.id)}</bc:instance></metadata>`,
+    `<metadata><bc:instance xmlns:bc='${OWNER_NS}' owner='${esc(o.owner)}'>${esc(spec.id)}</bc:instance></metadata>`,
     `<memory unit='MiB'>${spec.memoryMib}</memory>`,
     `<vcpu>${spec.vcpus}</vcpu>`,
     // machine `pc`: its IDE cdrom needs no AHCI driver, which minimal (cloud) kernels lack.

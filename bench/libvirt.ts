@@ -1,0 +1,218 @@
+/**
+ * The platform's overhead on a real hypervisor, against the machine's own limit.
+ *
+ *   npm run bench:libvirt -- [--runs 5]
+ *
+ * (a) create → RUNNING through the whole platform (API, admission, reconciler, NodeSpec over the websocket,
+ *     agent, libvirt-kvm runtime, report), against the same work done bare through the bindings: overlay,
+ *     seed, define and start of the same domain. Ratio of medians; goal <= 1.25.
+ * (b) pause and resume through the platform (pauseInstance / startInstance → PAUSED / RUNNING) against bare
+ *     suspend / resume calls on the bindings.
+ * The guest is the tests' tiny one (tests/kvm/guest.ts). Needs PostgreSQL, Redis, libvirtd and QEMU.
+ */
+import { mkdirSync, mkdtempSync, rmSync, writeFileSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { startAgent } from "../agent/index.ts";
+import { domainXml } from "../agent/runtimes/libvirt/domain-xml.ts";
+import { run } from "../agent/runtimes/libvirt/exec.ts";
+import { detectDomainType } from "../agent/runtimes/libvirt/host.ts";
+import { createLibvirtRuntime } from "../agent/runtimes/libvirt-kvm.ts";
+import { renderSeed } from "../agent/runtimes/seed.ts";
+import type { InstanceSpec } from "../core/protocol.ts";
+import * as bc from "../sdk/client.ts";
+import { startServer } from "../server/app.ts";
+import { buildGuest } from "../tests/kvm/guest.ts";
+import { makeBridge, openPath, serveFiles } from "../tests/kvm/support.ts";
+import { startWorker } from "../worker/index.ts";
+import { benchArgs, benchPlatform, percentile } from "./lib.ts";
+
+const args = benchArgs({ runs: 5 });
+const median = (xs: number[]) =>
+  percentile(
+    [...xs].sort((a, b) => a - b),
+    50,
+  );
+const ms = (x: number) => `${x.toFixed(0)} ms`;
+
+interface Binding {
+  Hypervisor: new (o: {
+    uri: string;
+  }) => {
+    connectOpen(): Promise<void>;
+    connectClose(): Promise<void>;
+    domainDefineXML(xml: string): Promise<object>;
+    domainCreate(d: object): Promise<void>;
+    domainSuspend(d: object): Promise<void>;
+    domainResume(d: object): Promise<void>;
+    domainDestroy(d: object): Promise<void>;
+    domainUndefine(d: object): Promise<void>;
+  };
+}
+
+async function bare(guest: Awaited<ReturnType<typeof buildGuest>>, bridge: string, dir: string) {
+  const libvirt = (await import("@unraid/libvirt" as string)) as Binding;
+  const hv = new libvirt.Hypervisor({ uri: "qemu:///system" });
+  await hv.connectOpen();
+  const create: number[] = [];
+  const defineStart: number[] = [];
+  const pause: number[] = [];
+  const resume: number[] = [];
+  for (let i = 0; i < args.runs; i++) {
+    const id = `inst_benchbare${"abcdefghijklmnop"[i]}`;
+    const d = join(dir, id);
+    mkdirSync(d, { recursive: true });
+    const spec: InstanceSpec = {
+      id,
+      power: "running",
+      vcpus: 1,
+      memoryMib: 256,
+      diskGib: 1,
+      gpus: [],
+      image: { url: "", sha256: guest.sha256, format: "qcow2" },
+      sshKeys: [],
+      userData: null,
+      hostname: id,
+      nic: { bridge, mac: `52:54:00:be:00:${(16 + i).toString(16)}`, address: null, prefix: null, gateway: null },
+    };
+    const paths = { overlay: join(d, "overlay.qcow2"), seed: join(d, "seed.iso"), console: join(d, "console.log") };
+    const t0 = performance.now();
+    await run("qemu-img", ["create", "-q", "-f", "qcow2", "-F", "qcow2", "-b", guest.base, paths.overlay, "1G"]);
+    const files = renderSeed(spec);
+    for (const [name, body] of Object.entries(files)) writeFileSync(join(d, name), body);
+    await run("genisoimage", ["-quiet", "-output", paths.seed, "-volid", "cidata", "-joliet", "-rock", ...Object.keys(files).map((f) => join(d, f))]);
+    const t1 = performance.now();
+    const dom = await hv.domainDefineXML(domainXml(spec, { type: detectDomainType(), owner: "bench-bare", paths, boot: guest }));
+    await hv.domainCreate(dom);
+    const t2 = performance.now();
+    create.push(t2 - t0);
+    defineStart.push(t2 - t1);
+    const p0 = performance.now();
+    await hv.domainSuspend(dom);
+    pause.push(performance.now() - p0);
+    const r0 = performance.now();
+    await hv.domainResume(dom);
+    resume.push(performance.now() - r0);
+    await hv.domainDestroy(dom);
+    await hv.domainUndefine(dom);
+  }
+  await hv.connectClose();
+  return { create, defineStart, pause, resume };
+}
+
+async function platformRuns(guest: Awaited<ReturnType<typeof buildGuest>>, bridge: string, dir: string) {
+  const images = await serveFiles({ "base.qcow2": guest.base });
+  const { platform, operatorToken, close } = await benchPlatform({ poolSize: 10, env: { VPS_HOST_NETWORK: bridge, RECONCILE_SWEEP_MS: "1000" } });
+  const app = await startServer(platform, { port: 0, host: "127.0.0.1" });
+  const worker = await startWorker(platform);
+  const op = bc.createClient({ url: app.url, token: operatorToken });
+  const { createPool: pool } = await op.request(bc.CreatePoolDocument, { input: { name: "bench", class: "VPS_HOST", ipv4Range: "10.124.0.0/24" } });
+  await op.request(bc.CreateFlavorDocument, { input: { poolId: pool.id, name: "tiny", vcpus: 1, memoryMib: 256, diskGib: 1 } });
+  const { registerImage: image } = await op.request(bc.RegisterImageDocument, {
+    input: { name: "tiny", source: images.url("base.qcow2"), sha256: guest.sha256, format: "QCOW2", public: true },
+  });
+  const { createTenant } = await op.request(bc.CreateTenantDocument, { input: { name: "bench" } });
+  const { createApiToken } = await op.request(bc.CreateApiTokenDocument, { input: { tenantId: createTenant.id, name: "bench" } });
+  const t = bc.createClient({ url: app.url, token: createApiToken.token });
+  const { createJoinToken } = await op.request(bc.CreateJoinTokenDocument, { poolId: pool.id });
+  const runtime = await createLibvirtRuntime({ stateDir: join(dir, "agent", "libvirt"), boot: guest, shutdownTimeoutMs: 1000 });
+  const agent = await startAgent({
+    server: app.url,
+    joinToken: createJoinToken.token,
+    name: "bench-host",
+    stateDir: join(dir, "agent"),
+    runtime,
+    heartbeatMs: 2000,
+  });
+  // Placement needs the node's capacity, which arrives with the agent's first report.
+  for (const end = Date.now() + 60_000; !(await op.request(bc.NodesDocument, { poolId: pool.id })).nodes[0]?.capacity.vcpus; ) {
+    if (Date.now() > end) throw new Error("the agent never reported its capacity");
+    await new Promise((r) => setTimeout(r, 100));
+  }
+
+  /** Act, then wait for the acted-on instance's event into `state` on the pool's live stream: the time it took. */
+  async function timed(state: string, act: () => Promise<string>): Promise<number> {
+    const stop = new AbortController();
+    const after = (await t.request(bc.InstanceEventsCursorDocument)).instanceEventsCursor;
+    const seen: { id: string; state: string; at: number }[] = [];
+    let wake = () => {};
+    const reading = (async () => {
+      for await (const e of bc.watchInstanceEvents({ url: app.url, token: createApiToken.token, poolId: pool.id, after, signal: stop.signal })) {
+        seen.push({ id: e.instance.id, state: e.toState, at: performance.now() });
+        wake();
+      }
+    })();
+    const t0 = performance.now();
+    const id = await act();
+    const end = Date.now() + 120_000;
+    try {
+      for (;;) {
+        const hit = seen.find((x) => x.id === id && x.state === state);
+        if (hit) return hit.at - t0;
+        if (Date.now() > end) throw new Error(`${id} did not reach ${state}: ${JSON.stringify(seen)}`);
+        await new Promise<void>((r) => {
+          wake = r;
+          setTimeout(r, 500);
+        });
+      }
+    } finally {
+      stop.abort();
+      await reading;
+    }
+  }
+
+  const create: number[] = [];
+  const pause: number[] = [];
+  const resume: number[] = [];
+  // One warm-up round first: it downloads and verifies the base image into the host's cache.
+  for (let i = -1; i < args.runs; i++) {
+    let id = "";
+    const c = await timed("RUNNING", async () => {
+      id = (await t.request(bc.CreateInstanceDocument, { input: { poolId: pool.id, flavor: "tiny", imageId: image.id } })).createInstance.id;
+      return id;
+    });
+    const p = await timed("PAUSED", async () => (await t.request(bc.PauseInstanceDocument, { id })).pauseInstance.id);
+    const r = await timed("RUNNING", async () => (await t.request(bc.StartInstanceDocument, { id })).startInstance.id);
+    if (i >= 0) {
+      create.push(c);
+      pause.push(p);
+      resume.push(r);
+    }
+    await timed("DELETED", async () => (await t.request(bc.DeleteInstanceDocument, { id })).deleteInstance.id);
+  }
+  await agent.close();
+  await runtime.close();
+  await worker.close();
+  await app.close();
+  await close();
+  await images.close();
+  return { create, pause, resume };
+}
+
+async function run_() {
+  const guest = await buildGuest();
+  await openPath(guest.kernel);
+  const dir = mkdtempSync(join(tmpdir(), "bc-bench-libvirt-"));
+  await openPath(dir);
+  const bridge = await makeBridge(`bcbn${process.pid % 10000}`);
+  try {
+    console.log(`libvirt bench: ${args.runs} runs, domain type ${detectDomainType()}, the tests' tiny guest`);
+    const b = await bare(guest, bridge.name, join(dir, "bare"));
+    const p = await platformRuns(guest, bridge.name, join(dir, "platform"));
+    console.log(`create → running, bare (overlay + seed + define + start): median ${ms(median(b.create))} (define + start alone ${ms(median(b.defineStart))})`);
+    console.log(`create → RUNNING through the platform:                 median ${ms(median(p.create))}`);
+    console.log(`ratio: ${(median(p.create) / median(b.create)).toFixed(2)} (goal <= 1.25)`);
+    console.log(`pause:  bare ${ms(median(b.pause))}, platform ${ms(median(p.pause))}; resume: bare ${ms(median(b.resume))}, platform ${ms(median(p.resume))}`);
+  } finally {
+    await bridge.remove();
+    rmSync(dir, { recursive: true, force: true });
+  }
+}
+
+run_().then(
+  () => process.exit(0),
+  (e) => {
+    console.error(e);
+    process.exit(1);
+  },
+);
