@@ -107,6 +107,13 @@ describe(`libvirt-kvm on this machine's libvirtd`, () => {
     const memory = join(root, `${s.id}.mem`);
     await rt.snapshot(s.id, memory);
     expect(await stateOf(s.id)).toBe("stopped");
+    // A disk that now stands on anything but this host's verified base is refused before it is restored.
+    const foreign = join(root, "foreign.qcow2");
+    await sh("qemu-img", ["create", "-q", "-f", "qcow2", foreign, "1G"]);
+    await sh("qemu-img", ["rebase", "-u", "-F", "qcow2", "-b", foreign, rt.overlayPath(s.id)]);
+    await expect(rt.restore(s.id, memory)).rejects.toThrow(/not on a verified base of this host; refused/);
+    const cachedBase = join(root, "state", "images", `${guest.sha256}.qcow2`);
+    await sh("qemu-img", ["rebase", "-u", "-F", "qcow2", "-b", cachedBase, rt.overlayPath(s.id)]);
     await rt.restore(s.id, memory);
     expect(await stateOf(s.id)).toBe("running");
 
