@@ -81,6 +81,8 @@ builder.mutationFields((t) => ({
   }),
 }));
 
+const SPEC_COALESCE_MS = 25;
+
 /**
  * The spec stream: the current spec at once (so a reconnecting agent resumes from the latest), then a new
  * one whenever the generation moves. The bus is read from the start, before the first spec is built: a
@@ -100,6 +102,7 @@ async function* specStream(ctx: Context, nodeId: string) {
     seen.wake?.();
   });
   const read = () => platform.db.transaction((sql) => buildNodeSpec(sql, platform.sealer, { hostNetwork: platform.config.vps.hostNetwork }, nodeId));
+  let lastReadAt = Date.now();
   try {
     let last = await read();
     yield { generation: last.generation, spec: last };
@@ -111,10 +114,12 @@ async function* specStream(ctx: Context, nodeId: string) {
         seen.wake = null;
         continue;
       }
-      // A burst of changes is one rebuild: the messages already queued land first, and whatever arrives while
-      // this read and its delivery are in flight is folded into the next one. No fixed delay: a lone change
-      // (the common case) reaches its host at once.
-      await new Promise((r) => setImmediate(r));
+      // A lone change goes out at once; in a burst (a read less than SPEC_COALESCE_MS ago) the rest of the
+      // burst lands first and becomes one rebuild, so a host taking hundreds of instances is not sent hundreds
+      // of specs.
+      const since = Date.now() - lastReadAt;
+      await new Promise((r) => (since < SPEC_COALESCE_MS ? setTimeout(r, SPEC_COALESCE_MS - since) : setImmediate(r)));
+      lastReadAt = Date.now();
       const spec = await read();
       if (spec.generation <= last.generation) continue;
       last = spec;
