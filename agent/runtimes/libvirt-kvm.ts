@@ -1,6 +1,6 @@
 import { randomUUID } from "node:crypto";
 import { existsSync } from "node:fs";
-import { mkdir, mkdtemp, readFile, rm, writeFile } from "node:fs/promises";
+import { mkdir, mkdtemp, readFile, rename, rm, writeFile } from "node:fs/promises";
 import { dirname, join, resolve } from "node:path";
 import { setTimeout as sleep } from "node:timers/promises";
 import type { Capacity, InstanceSpec } from "../../core/protocol.ts";
@@ -140,7 +140,10 @@ class LibvirtRuntime implements Runtime, LibvirtRuntimeExtras {
     await mkdir(dir, { recursive: true });
     const paths = { overlay: this.overlayPath(spec.id), seed: join(dir, "seed.iso"), console: this.consolePath(spec.id) };
     if (!existsSync(paths.overlay)) {
-      await run("qemu-img", ["create", "-q", "-f", "qcow2", "-F", spec.image.format, "-b", base, paths.overlay, `${spec.diskGib}G`]);
+      // Made aside and renamed: an agent killed mid-create never leaves a half-written overlay to reuse.
+      const tmp = `${paths.overlay}.tmp`;
+      await run("qemu-img", ["create", "-q", "-f", "qcow2", "-F", spec.image.format, "-b", base, tmp, `${spec.diskGib}G`]);
+      await rename(tmp, paths.overlay);
     }
     await this.writeSeed(spec, paths.seed);
     const xml = domainXml(spec, { type: this.domainType, owner: this.owner, paths, boot: this.o.boot });
