@@ -50,16 +50,15 @@ interface Binding {
   };
 }
 
-async function bare(guest: Awaited<ReturnType<typeof buildGuest>>, bridge: string, dir: string) {
+/** One round of the same work done bare through the bindings: overlay, seed, define + start, suspend, resume. */
+async function bareHost(guest: Awaited<ReturnType<typeof buildGuest>>, bridge: string, dir: string) {
   const libvirt = (await import("@unraid/libvirt" as string)) as Binding;
   const hv = new libvirt.Hypervisor({ uri: "qemu:///system" });
   await hv.connectOpen();
-  const create: number[] = [];
-  const defineStart: number[] = [];
-  const pause: number[] = [];
-  const resume: number[] = [];
-  for (let i = 0; i < args.runs; i++) {
-    const id = `inst_benchbare${"abcdefghijklmnop"[i]}`;
+  let n = 0;
+  async function once() {
+    const i = n++;
+    const id = `inst_benchbare${"abcdefghijklmnopqrstuvwxyz"[i % 26]}`;
     const d = join(dir, id);
     mkdirSync(d, { recursive: true });
     const spec: InstanceSpec = {
@@ -73,7 +72,7 @@ async function bare(guest: Awaited<ReturnType<typeof buildGuest>>, bridge: strin
       sshKeys: [],
       userData: null,
       hostname: id,
-      nic: { bridge, mac: `52:54:00:be:00:${(16 + i).toString(16)}`, address: null, prefix: null, gateway: null },
+      nic: { bridge, mac: `52:54:00:be:00:${(16 + (i % 200)).toString(16)}`, address: null, prefix: null, gateway: null },
     };
     const paths = { overlay: join(d, "overlay.qcow2"), seed: join(d, "seed.iso"), console: join(d, "console.log") };
     const t0 = performance.now();
@@ -85,22 +84,20 @@ async function bare(guest: Awaited<ReturnType<typeof buildGuest>>, bridge: strin
     const dom = await hv.domainDefineXML(domainXml(spec, { type: detectDomainType(), owner: "bench-bare", paths, boot: guest }));
     await hv.domainCreate(dom);
     const t2 = performance.now();
-    create.push(t2 - t0);
-    defineStart.push(t2 - t1);
-    const p0 = performance.now();
     await hv.domainSuspend(dom);
-    pause.push(performance.now() - p0);
-    const r0 = performance.now();
+    const t3 = performance.now();
     await hv.domainResume(dom);
-    resume.push(performance.now() - r0);
+    const t4 = performance.now();
     await hv.domainDestroy(dom);
     await hv.domainUndefine(dom);
+    rmSync(d, { recursive: true, force: true });
+    return { create: t2 - t0, defineStart: t2 - t1, pause: t3 - t2, resume: t4 - t3 };
   }
-  await hv.connectClose();
-  return { create, defineStart, pause, resume };
+  return { once, close: () => hv.connectClose() };
 }
 
-async function platformRuns(guest: Awaited<ReturnType<typeof buildGuest>>, bridge: string, dir: string) {
+/** The whole platform on one libvirt-kvm host: one round creates, pauses, resumes and deletes an instance. */
+async function platformHost(guest: Awaited<ReturnType<typeof buildGuest>>, bridge: string, dir: string) {
   const images = await serveFiles({ "base.qcow2": guest.base });
   const { platform, operatorToken, close } = await benchPlatform({ poolSize: 10, env: { VPS_HOST_NETWORK: bridge, RECONCILE_SWEEP_MS: "1000" } });
   const app = await startServer(platform, { port: 0, host: "127.0.0.1" });
@@ -161,32 +158,26 @@ async function platformRuns(guest: Awaited<ReturnType<typeof buildGuest>>, bridg
     }
   }
 
-  const create: number[] = [];
-  const pause: number[] = [];
-  const resume: number[] = [];
-  // One warm-up round first: it downloads and verifies the base image into the host's cache.
-  for (let i = -1; i < args.runs; i++) {
+  async function once() {
     let id = "";
-    const c = await timed("RUNNING", async () => {
+    const create = await timed("RUNNING", async () => {
       id = (await t.request(bc.CreateInstanceDocument, { input: { poolId: pool.id, flavor: "tiny", imageId: image.id } })).createInstance.id;
       return id;
     });
-    const p = await timed("PAUSED", async () => (await t.request(bc.PauseInstanceDocument, { id })).pauseInstance.id);
-    const r = await timed("RUNNING", async () => (await t.request(bc.StartInstanceDocument, { id })).startInstance.id);
-    if (i >= 0) {
-      create.push(c);
-      pause.push(p);
-      resume.push(r);
-    }
+    const pause = await timed("PAUSED", async () => (await t.request(bc.PauseInstanceDocument, { id })).pauseInstance.id);
+    const resume = await timed("RUNNING", async () => (await t.request(bc.StartInstanceDocument, { id })).startInstance.id);
     await timed("DELETED", async () => (await t.request(bc.DeleteInstanceDocument, { id })).deleteInstance.id);
+    return { create, pause, resume };
   }
-  await agent.close();
-  await runtime.close();
-  await worker.close();
-  await app.close();
-  await close();
-  await images.close();
-  return { create, pause, resume };
+  async function closeAll() {
+    await agent.close();
+    await runtime.close();
+    await worker.close();
+    await app.close();
+    await close();
+    await images.close();
+  }
+  return { once, close: closeAll };
 }
 
 async function run_() {
@@ -197,12 +188,29 @@ async function run_() {
   const bridge = await makeBridge(`bcbn${process.pid % 10000}`);
   try {
     console.log(`libvirt bench: ${args.runs} runs, domain type ${detectDomainType()}, the tests' tiny guest`);
-    const b = await bare(guest, bridge.name, join(dir, "bare"));
-    const p = await platformRuns(guest, bridge.name, join(dir, "platform"));
-    console.log(`create → running, bare (overlay + seed + define + start): median ${ms(median(b.create))} (define + start alone ${ms(median(b.defineStart))})`);
-    console.log(`create → RUNNING through the platform:                 median ${ms(median(p.create))}`);
-    console.log(`ratio: ${(median(p.create) / median(b.create)).toFixed(2)} (goal <= 1.25)`);
-    console.log(`pause:  bare ${ms(median(b.pause))}, platform ${ms(median(p.pause))}; resume: bare ${ms(median(b.resume))}, platform ${ms(median(p.resume))}`);
+    const bareRuns = await bareHost(guest, bridge.name, join(dir, "bare"));
+    const platform = await platformHost(guest, bridge.name, join(dir, "platform"));
+    // A warm-up round of each (the platform's first create downloads and verifies the base), then rounds
+    // alternate, so a drift of the machine weighs on both sides alike.
+    await bareRuns.once();
+    await platform.once();
+    const b: Awaited<ReturnType<typeof bareRuns.once>>[] = [];
+    const p: Awaited<ReturnType<typeof platform.once>>[] = [];
+    for (let i = 0; i < args.runs; i++) {
+      b.push(await bareRuns.once());
+      p.push(await platform.once());
+    }
+    await bareRuns.close();
+    await platform.close();
+    const of = <T>(xs: T[], k: keyof T) => median(xs.map((x) => x[k] as number));
+    const ratios = p.map((x, i) => x.create / (b[i]?.create ?? Number.NaN));
+    console.log(`create → running, bare (overlay + seed + define + start): median ${ms(of(b, "create"))} (define + start alone ${ms(of(b, "defineStart"))})`);
+    console.log(`create → RUNNING through the platform:                 median ${ms(of(p, "create"))}`);
+    console.log(
+      `ratio of medians: ${(of(p, "create") / of(b, "create")).toFixed(2)}; per round: median ${median(ratios).toFixed(2)}, ` +
+        `range ${Math.min(...ratios).toFixed(2)}–${Math.max(...ratios).toFixed(2)} (goal <= 1.25)`,
+    );
+    console.log(`pause:  bare ${ms(of(b, "pause"))}, platform ${ms(of(p, "pause"))}; resume: bare ${ms(of(b, "resume"))}, platform ${ms(of(p, "resume"))}`);
   } finally {
     await bridge.remove();
     rmSync(dir, { recursive: true, force: true });

@@ -77,7 +77,7 @@ export async function bumpSpecs(sql: Sql, nodeIds: readonly (string | null | und
 const mac = (id: string) => macFor(id, (s) => createHash("sha256").update(s).digest("hex"));
 
 /** States in which the host should hold the domain (with the power specPower gives). */
-const HELD: readonly InstanceState[] = ["provisioning", "starting", "running", "stopped", "paused", "resizing", "rebooting", "error", "lost"];
+export const HELD_STATES: readonly InstanceState[] = ["provisioning", "starting", "running", "stopped", "paused", "resizing", "rebooting", "error", "lost"];
 
 /** The whole desired set of a node, as its agent receives it. */
 export async function buildNodeSpec(sql: Sql, sealer: Sealer, settings: Pick<HostSettings, "hostNetwork">, nodeId: string): Promise<NodeSpec> {
@@ -113,7 +113,7 @@ export async function buildNodeSpec(sql: Sql, sealer: Sealer, settings: Pick<Hos
        FROM instances i LEFT JOIN ip_pools ip ON ip.pool_id = i.pool_id
       WHERE i.node_id = $1 AND i.allocation_id IS NOT NULL AND i.desired_state <> 'deleted' AND i.state = ANY($2::text[])
       ORDER BY i.id`,
-    [nodeId, HELD],
+    [nodeId, HELD_STATES],
   );
   const instances: InstanceSpec[] = rows.map((r) => ({
     id: r.id,

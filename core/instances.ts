@@ -1,12 +1,13 @@
 import type { Instance } from "../prisma/generated/client.ts";
 import { AppError, invalid, notFound } from "./errors.ts";
 import type { InstanceEventMessage } from "./events.ts";
-import { bumpSpecs } from "./hosts.ts";
+import { bumpSpecs, HELD_STATES } from "./hosts.ts";
 import type { IdSource } from "./ids.ts";
 import { releaseLease } from "./leases.ts";
 import { place, releaseAllocation } from "./placement.ts";
 import { type Principal, visibleTo } from "./principal.ts";
 import { type Charge, chargeQuota, releaseQuota } from "./quota.ts";
+import { specPower } from "./reconcile.ts";
 import { chargeOf, gpuCount, parseInput, type Shape, shape as shapeSchema } from "./shapes.ts";
 import { INSTANCE_COLUMNS, type Sql } from "./sql.ts";
 import { assertTransition, type DesiredState, type InstanceState } from "./state.ts";
@@ -77,7 +78,15 @@ export async function writeChange(
   // The nodes it leaves and joins get a new spec generation in this same transaction; a host report is
   // stale for this instance until it echoes at least the generation of its node after this change.
   const nextNode = "node_id" in set ? (set.node_id as string | null) : inst.nodeId;
-  const specs = await bumpSpecs(sql, [inst.nodeId, nextNode]);
+  const nextDesired = (set.desired_state as DesiredState | undefined) ?? (inst.desiredState as DesiredState);
+  // A step that leaves what the host is told unchanged (provisioning → starting → running on the host's own
+  // report) keeps the generation, so the report that caused it still counts and the next step follows
+  // without another round trip through the agent. Anything else the host must see, and confirm, anew.
+  const neutral =
+    nextNode === inst.nodeId &&
+    !SPEC_FIELDS.some((f) => f in set) &&
+    sameSpecView(inst.state as InstanceState, inst.desiredState as DesiredState, to, nextDesired);
+  const specs = neutral ? [] : await bumpSpecs(sql, [inst.nodeId, nextNode]);
   const own = specs.find((g) => g.nodeId === nextNode);
   if (own) set = { ...set, spec_generation: own.generation };
   // What the old host saw says nothing about the new one (and generations are per node).
@@ -108,6 +117,20 @@ export async function writeChange(
 }
 
 /** The bus message for a change. `cursor` holds the event row's id until the writing transaction gives the event its position (infra/platform.ts). */
+/** Columns whose change alters the instance's part of its node's spec. */
+const SPEC_FIELDS: readonly (keyof typeof settable)[] = ["node_id", "allocation_id", "vcpus", "memory_mib", "disk_gib", "gpus", "addresses"];
+
+/**
+ * Whether the host is told the same before and after: held or not, to be removed or not, in which power
+ * state. Going into or out of `lost` is never neutral: the silent host's last report must not count after it.
+ */
+function sameSpecView(from: InstanceState, fromDesired: DesiredState, to: InstanceState, toDesired: DesiredState): boolean {
+  if (from === "lost" || to === "lost") return from === to && fromDesired === toDesired;
+  const view = (state: InstanceState, desired: DesiredState) =>
+    desired === "deleted" ? `remove:${state !== "deleted"}` : HELD_STATES.includes(state) ? `hold:${specPower(state, desired)}` : "none";
+  return view(from, fromDesired) === view(to, toDesired);
+}
+
 export function eventMessage(inst: InstanceRow, from: string | null, cursor: string): InstanceEventMessage {
   return {
     cursor,
