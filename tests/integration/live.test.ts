@@ -156,7 +156,7 @@ describe("live connections", () => {
     const slow = watcher<Big>(h.url, t.token, q, { id: inst.id, after: "0" });
     await expect.poll(() => fast.events.length + slow.events.length, { timeout: 10_000, interval: 20 }).toBe(2);
     slow.socket?.pause();
-    const flips = 400;
+    const flips = 600;
     await flip(t.client, inst.id, flips);
     await expect.poll(() => versions(fast.events as never), { timeout: 60_000, interval: 50 }).toEqual(range(1, flips + 1));
     const metrics = async () => (await fetch(h.url.replace("/graphql", "/metrics"))).text();
