@@ -131,9 +131,13 @@ export async function startServer(platform: Platform, opts: { port?: number; hos
         let principal: Principal | null;
         try {
           principal = await principalFor(platform, auth);
-        } catch {
-          // graphql-ws would say 4403 (worth retrying); a bad credential is final.
-          socket.close(CloseCode.unauthorized, "the bearer token is unknown, expired or revoked");
+        } catch (e) {
+          // A bad credential is final (4401); not being able to check it (the database is down) is not.
+          if (isAppError(e, "UNAUTHENTICATED")) socket.close(CloseCode.unauthorized, "the bearer token is unknown, expired or revoked");
+          else {
+            platform.log.warn("could not authenticate a websocket", { err: String(e) });
+            socket.close(CloseCode.tryAgainLater, "cannot check credentials right now; retry");
+          }
           return false;
         }
         live.set(socket, hub.connect(socket, principal, auth ? (/^Bearer\s+(\S+)$/i.exec(auth)?.[1] ?? null) : null));

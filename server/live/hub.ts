@@ -14,6 +14,8 @@ export const CloseCode = {
   slowConsumer: 4008,
   /** The credential expired or was revoked: retrying with it cannot succeed. */
   unauthorized: 4401,
+  /** The server could not check the credential (its database is unreachable): retry later. */
+  tryAgainLater: 1013,
 } as const;
 
 /** The one thing the hub needs of a websocket. */

@@ -11,6 +11,7 @@ import {
 import { type App, startServer } from "../../server/app.ts";
 import { expectCode, type Harness, startHarness } from "../support/harness.ts";
 import { EVENT_FIELDS, headCursor, watcher } from "../support/live.ts";
+import { admin } from "../support/pg.ts";
 
 type Ev = {
   cursor: string;
@@ -227,5 +228,34 @@ describe("keepalive", () => {
     expect(alive.seen.pings).toBeGreaterThan(0);
     expect(alive.seen.closed).toBeNull();
     alive.ws.close();
+  });
+});
+
+describe("when the database cannot be reached", () => {
+  let h: Harness;
+  beforeAll(async () => {
+    h = await startHarness();
+  });
+  afterAll(async () => h?.close());
+
+  it("turns a connection away with a retryable code, not as a bad credential", async () => {
+    const t = await h.tenant();
+    const db = new URL(h.dbUrl).pathname.slice(1);
+    const cut = (allow: boolean) =>
+      admin(async (c) => {
+        await c.query(`ALTER DATABASE "${db}" ALLOW_CONNECTIONS ${allow}`);
+        if (!allow) await c.query("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = $1", [db]);
+      });
+    await cut(false);
+    try {
+      const refused = watcher<Ev>(h.url, t.token, EVENTS, {});
+      await expect.poll(() => refused.closed?.code, { timeout: 10_000, interval: 50 }).toBe(1013);
+      await refused.dispose();
+    } finally {
+      await cut(true);
+    }
+    const ok = watcher<Ev>(h.url, t.token, EVENTS, {});
+    await expect.poll(() => ok.socket !== null && ok.closed === null, { timeout: 10_000, interval: 50 }).toBe(true);
+    await ok.dispose();
   });
 });

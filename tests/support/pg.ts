@@ -25,7 +25,7 @@ export function templateName(): string {
   return `bc_tpl_${h.digest("hex").slice(0, 16)}`;
 }
 
-async function admin<T>(fn: (c: pg.Client) => Promise<T>): Promise<T> {
+export async function admin<T>(fn: (c: pg.Client) => Promise<T>): Promise<T> {
   const c = new pg.Client({ connectionString: adminUrl });
   await c.connect();
   try {
