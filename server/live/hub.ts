@@ -77,6 +77,8 @@ class EventStream implements Sink, AsyncIterableIterator<WatchedEvent> {
   private queue: WatchedEvent[] = [];
   private wake: (() => void) | null = null;
   private done = false;
+  /** Events at or below this were delivered already (or precede the cursor): never again. */
+  floor = 0n;
 
   constructor(
     readonly filter: EventFilter,
@@ -85,7 +87,7 @@ class EventStream implements Sink, AsyncIterableIterator<WatchedEvent> {
   ) {}
 
   push(e: WatchedEvent): void {
-    if (this.done) return;
+    if (this.done || e.position <= this.floor) return;
     this.queue.push(e);
     this.conn.queued++;
     if (this.conn.queued > this.limit) {
@@ -200,6 +202,9 @@ export class LiveHub {
         if (page.length < PAGE) last = target;
       }
       if (stream.ended) return;
+      // A cursor can be ahead of this server's feed (it came from a replica that read further): the feed
+      // then hands over events the client has seen, which the floor drops.
+      stream.floor = last;
       this.feed.attach(stream);
       yield* stream;
     } finally {

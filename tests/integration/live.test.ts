@@ -173,6 +173,26 @@ describe("live connections", () => {
     for (const w of [fast, slow, resumed]) await w.dispose();
   });
 
+  it("never repeats what a cursor already covers, even on a server whose feed is behind it", async () => {
+    const t = await h.tenant();
+    const pool = await h.hostedPool();
+    const inst = (await t.client.request(CreateInstanceDocument, { input: { poolId: pool.poolId, flavor: "small", imageId: pool.imageId } })).createInstance;
+    const seen = watcher<Ev>(h.url, t.token, CHANGED, { id: inst.id, after: "0" });
+    await flip(t.client, inst.id, 3);
+    await expect.poll(() => versions(seen.events), { timeout: 10_000, interval: 20 }).toEqual([1, 2, 3, 4]);
+    // A second replica whose feed has not caught up: the client's cursor (from the first) is ahead of it.
+    const lagging = await startServer(h.platform, { port: 0, host: "127.0.0.1" });
+    lagging.hub.feed.head = BigInt(seen.events[0]?.cursor as string);
+    const resumed = watcher<Ev>(lagging.url, t.token, CHANGED, { id: inst.id, after: seen.events[3]?.cursor });
+    await expect.poll(() => lagging.hub.subscriptions(), { timeout: 5000, interval: 20 }).toBe(1);
+    lagging.hub.feed.poke();
+    await flip(t.client, inst.id, 1, 3);
+    await expect.poll(() => versions(resumed.events), { timeout: 10_000, interval: 20 }).toEqual([5]);
+    await seen.dispose();
+    await resumed.dispose();
+    await lagging.close();
+  });
+
   it("closes clients with a retryable code on shutdown; the SDK watcher resumes on the restarted server without a gap", async () => {
     const t = await h.tenant();
     const pool = await h.hostedPool();
