@@ -95,11 +95,11 @@ async function tryNode(sql: Sql, base: unknown[], req: PlaceRequest, nodeId: str
     [...base, nodeId],
   );
   if (claimed.length === 0) {
-    const [locked] = wait
-      ? []
-      : await sql.query<{ held: boolean }>(`SELECT NOT EXISTS (SELECT 1 FROM nodes WHERE id = $1 FOR UPDATE SKIP LOCKED) AS held`, [nodeId]);
     await sql.query("ROLLBACK TO SAVEPOINT place_node");
-    return locked?.held ? "busy" : null;
+    // Without waiting, "no row" may only mean another transaction held the node (a create, or a host report
+    // updating it) at that instant; checking the lock afterwards races its release. Only the waiting claim,
+    // which re-checks the fit on the latest row version, may say the node is full.
+    return wait ? null : "busy";
   }
   const s = req.shape;
   await sql.query(`INSERT INTO allocations (id, node_id, instance_id, tenant_id, vcpus, memory_mib, disk_gib) VALUES ($1, $2, $3, $4, $5, $6, $7)`, [
