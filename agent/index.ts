@@ -69,6 +69,12 @@ export async function startAgent(opts: AgentOptions) {
     if (!running) running = pass();
   };
 
+  // The heartbeat reports, and re-runs a pass if the newest spec is somehow not applied yet.
+  const heartbeat = setInterval(() => (latest && latest.generation > converged ? kick() : void report()), opts.heartbeatMs ?? 5000);
+  let giveUp: (why: string) => void = () => {};
+  const ended = new Promise<string>((resolve) => {
+    giveUp = resolve;
+  });
   const ws = await createWsClient({ url: opts.server, token: identity.credential, onConnected: () => log("connected") });
   const follow = (async () => {
     for (let attempt = 0; !closed; attempt++) {
@@ -82,18 +88,26 @@ export async function startAgent(opts: AgentOptions) {
         }
       } catch (e) {
         if (closed) return;
+        // 4401: the server no longer knows this node's credential (declared gone, or revoked). Retrying
+        // cannot help; the host has to join again with a new token.
+        if ((e as { code?: number })?.code === 4401) {
+          closed = true;
+          clearInterval(heartbeat);
+          giveUp(`node ${identity.nodeId}: the server refused its credential (${(e as { reason?: string }).reason ?? "4401"}); join again with a new token`);
+          return;
+        }
         log("spec stream interrupted", { err: String(e) });
       }
       await sleep(Math.min(10_000, 250 * 2 ** attempt));
     }
   })();
-  // The heartbeat reports, and re-runs a pass if the newest spec is somehow not applied yet.
-  const heartbeat = setInterval(() => (latest && latest.generation > converged ? kick() : void report()), opts.heartbeatMs ?? 5000);
 
   return {
     nodeId: identity.nodeId,
     /** The generation of the last spec fully applied. */
     converged: () => converged,
+    /** Settles, with the reason, if the agent gives up for good (its credential was refused). */
+    ended,
     async close() {
       closed = true;
       clearInterval(heartbeat);

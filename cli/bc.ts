@@ -175,6 +175,11 @@ async function agentCommand(args: string[]) {
     log: (m, f) => log.info(m, f),
   });
   process.stdout.write(`agent ${values.name} running as node ${agent.nodeId} (runtime ${values.runtime})\n`);
+  void agent.ended.then(async (why) => {
+    log.error("agent stopped", { why });
+    await agent.close();
+    process.exit(1);
+  });
   const stop = async () => {
     await agent.close();
     process.exit(0);

@@ -70,6 +70,8 @@ export interface WsClientOptions {
   onConnected?: () => void;
   /** Retries forever with backoff unless limited. */
   retryAttempts?: number;
+  /** Close codes after which retrying cannot help; the subscription then fails with the close (default 4401). */
+  fatalCloseCodes?: number[];
 }
 
 /**
@@ -84,10 +86,12 @@ export async function createWsClient(opts: WsClientOptions) {
     webSocketImpl: WebSocketImpl,
     connectionParams: opts.token ? { authorization: `Bearer ${opts.token}` } : {},
     retryAttempts: opts.retryAttempts ?? Number.POSITIVE_INFINITY,
-    shouldRetry: () => true,
+    shouldRetry: (e) => !(opts.fatalCloseCodes ?? [4401]).includes((e as { code?: number })?.code ?? 0),
     retryWait: async (retries) => new Promise((r) => setTimeout(r, Math.min(10_000, 250 * 2 ** retries) * (0.5 + Math.random() / 2))),
     on: { connected: () => opts.onConnected?.() },
     lazy: false,
+    // The subscription that fails reports it; graphql-ws would also print it to the console.
+    onNonLazyError: () => {},
   });
   return {
     /** Yields each result; ends when the server completes it; throws an SdkError for GraphQL errors. */

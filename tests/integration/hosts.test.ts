@@ -1,6 +1,8 @@
-import { existsSync, readFileSync } from "node:fs";
+import { existsSync, mkdtempSync, readFileSync, rmSync } from "node:fs";
+import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { startAgent } from "../../agent/index.ts";
 import { clearFailures, createFakeRuntime, injectFailure } from "../../agent/runtimes/fake.ts";
 import {
   CreateInstanceDocument,
@@ -17,7 +19,7 @@ import {
   StartInstanceDocument,
   StopInstanceDocument,
 } from "../../sdk/client.ts";
-import { testKey } from "../support/fixtures.ts";
+import { testKey, until } from "../support/fixtures.ts";
 import { expectCode } from "../support/harness.ts";
 import { eventViolations, type Hosts, startHosts, waitForState } from "../support/hosts.ts";
 import { invariantViolations } from "../support/ledger.ts";
@@ -99,6 +101,32 @@ describe("the host protocol", () => {
     await expectCode(t.client.request(CreateJoinTokenDocument, { poolId: hosts.poolId }), "FORBIDDEN");
     // The extra node never reported: it takes no instances and is not declared lost.
     await hosts.h.operator.request(DeclareNodeGoneDocument, { id: joined.nodeId });
+  });
+
+  it("stops an agent for good once its node is declared gone", async () => {
+    const { createJoinToken } = await hosts.h.operator.request(CreateJoinTokenDocument, { poolId: hosts.poolId });
+    const dir = mkdtempSync(join(tmpdir(), "bc-gone-"));
+    const agent = await startAgent({
+      server: hosts.h.url,
+      joinToken: createJoinToken.token,
+      name: "doomed",
+      stateDir: dir,
+      runtime: createFakeRuntime({ dir: join(dir, "fake-host") }),
+      heartbeatMs: 300,
+    });
+    try {
+      let why: string | undefined;
+      void agent.ended.then((w) => {
+        why = w;
+      });
+      await hosts.h.operator.request(DeclareNodeGoneDocument, { id: agent.nodeId });
+      await until("the agent to give up", () => why !== undefined, 15_000);
+      // Cut by the revocation itself, or refused at a reconnect: either way the agent stops trying.
+      expect(why).toMatch(/refused its credential \((credential revoked|the bearer token is unknown, expired or revoked)\); join again/);
+    } finally {
+      await agent.close();
+      rmSync(dir, { recursive: true, force: true });
+    }
   });
 
   it("lets a node credential report for its own node only", async () => {
