@@ -17,7 +17,7 @@ import { startAgent } from "../agent/index.ts";
 import { domainXml } from "../agent/runtimes/libvirt/domain-xml.ts";
 import { run } from "../agent/runtimes/libvirt/exec.ts";
 import { detectDomainType } from "../agent/runtimes/libvirt/host.ts";
-import { createLibvirtRuntime } from "../agent/runtimes/libvirt-kvm.ts";
+import { createLibvirtRuntime, openLibvirt } from "../agent/runtimes/libvirt-kvm.ts";
 import { renderSeed } from "../agent/runtimes/seed.ts";
 import type { InstanceSpec } from "../core/protocol.ts";
 import * as bc from "../sdk/client.ts";
@@ -35,26 +35,9 @@ const median = (xs: number[]) =>
   );
 const ms = (x: number) => `${x.toFixed(0)} ms`;
 
-interface Binding {
-  Hypervisor: new (o: {
-    uri: string;
-  }) => {
-    connectOpen(): Promise<void>;
-    connectClose(): Promise<void>;
-    domainDefineXML(xml: string): Promise<object>;
-    domainCreate(d: object): Promise<void>;
-    domainSuspend(d: object): Promise<void>;
-    domainResume(d: object): Promise<void>;
-    domainDestroy(d: object): Promise<void>;
-    domainUndefine(d: object): Promise<void>;
-  };
-}
-
 /** One round of the same work done bare through the bindings: overlay, seed, define + start, suspend, resume. */
 async function bareHost(guest: Awaited<ReturnType<typeof buildGuest>>, bridge: string, dir: string) {
-  const libvirt = (await import("@unraid/libvirt" as string)) as Binding;
-  const hv = new libvirt.Hypervisor({ uri: "qemu:///system" });
-  await hv.connectOpen();
+  const hv = await openLibvirt();
   let n = 0;
   async function once() {
     const i = n++;

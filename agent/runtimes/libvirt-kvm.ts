@@ -37,7 +37,7 @@ interface Binding {
   Hypervisor: new (o: { uri: string }) => Hypervisor;
 }
 type Dom = object;
-interface Hypervisor {
+export interface Hypervisor {
   connectOpen(): Promise<void>;
   connectClose(): Promise<void>;
   connectListAllDomains(): Promise<Dom[]>;
@@ -61,15 +61,21 @@ interface Hypervisor {
 const powerOf = (state: number): DomainStatus["state"] => (state === 3 || state === 7 ? "paused" : state === 5 || state === 6 ? "stopped" : "running");
 const isInstance = (name: string) => /^inst_[a-z2-7]+$/.test(name);
 
-export async function createLibvirtRuntime(o: LibvirtOptions): Promise<Runtime & LibvirtRuntimeExtras> {
+/** A connection to libvirtd through the optional binding; a clear RuntimeError where it was not built. */
+export async function openLibvirt(uri = "qemu:///system"): Promise<Hypervisor> {
   let binding: Binding;
   try {
     binding = (await import("@unraid/libvirt" as string)) as Binding;
   } catch (e) {
     throw new RuntimeError(`the libvirt-kvm runtime needs the optional @unraid/libvirt binding (built with libvirt-dev at npm install): ${e}`, true);
   }
-  const hv = new binding.Hypervisor({ uri: o.uri ?? "qemu:///system" });
+  const hv = new binding.Hypervisor({ uri });
   await hv.connectOpen();
+  return hv;
+}
+
+export async function createLibvirtRuntime(o: LibvirtOptions): Promise<Runtime & LibvirtRuntimeExtras> {
+  const hv = await openLibvirt(o.uri);
   const stateDir = resolve(o.stateDir);
   await mkdir(join(stateDir, "instances"), { recursive: true });
   // Who this runtime is, kept with its state: several agents (or other tools) may share one libvirtd, and a
@@ -165,39 +171,38 @@ class LibvirtRuntime implements Runtime, LibvirtRuntimeExtras {
 
   async start(id: string): Promise<void> {
     const d = await this.must(id);
-    if (powerOf((await this.libvirt(() => this.hv.domainGetInfo(d))).state) === "stopped") await this.libvirt(() => this.hv.domainCreate(d));
+    if ((await this.power(d)) === "stopped") await this.libvirt(() => this.hv.domainCreate(d));
   }
 
   async stop(id: string): Promise<void> {
     const d = await this.must(id);
-    const state = async () => powerOf((await this.libvirt(() => this.hv.domainGetInfo(d))).state);
-    const now = await state();
+    const now = await this.power(d);
     if (now === "stopped") return;
     // A paused guest cannot answer the power button; a running one gets a bounded chance to shut down cleanly.
     if (now === "running") {
       await this.libvirt(() => this.hv.domainShutdown(d));
       const end = Date.now() + (this.o.shutdownTimeoutMs ?? 30_000);
       while (Date.now() < end) {
-        if ((await state()) === "stopped") return;
+        if ((await this.power(d)) === "stopped") return;
         await sleep(200);
       }
     }
-    if ((await state()) !== "stopped") await this.libvirt(() => this.hv.domainDestroy(d));
+    if ((await this.power(d)) !== "stopped") await this.libvirt(() => this.hv.domainDestroy(d));
   }
 
   async pause(id: string): Promise<void> {
     const d = await this.must(id);
-    if (powerOf((await this.libvirt(() => this.hv.domainGetInfo(d))).state) === "running") await this.libvirt(() => this.hv.domainSuspend(d));
+    if ((await this.power(d)) === "running") await this.libvirt(() => this.hv.domainSuspend(d));
   }
 
   async resume(id: string): Promise<void> {
     const d = await this.must(id);
-    if (powerOf((await this.libvirt(() => this.hv.domainGetInfo(d))).state) === "paused") await this.libvirt(() => this.hv.domainResume(d));
+    if ((await this.power(d)) === "paused") await this.libvirt(() => this.hv.domainResume(d));
   }
 
   async resize(id: string, shape: DomainStatus["shape"]): Promise<void> {
     const d = await this.must(id);
-    if (powerOf((await this.libvirt(() => this.hv.domainGetInfo(d))).state) !== "stopped") throw new RuntimeError(`resize needs ${id} stopped`, false);
+    if ((await this.power(d)) !== "stopped") throw new RuntimeError(`resize needs ${id} stopped`, false);
     const xml = (await this.libvirt(() => this.hv.domainGetXMLDesc(d, 2))) // 2: the inactive (persistent) definition
       .replace(/<memory[^>]*>\d+<\/memory>/, `<memory unit='MiB'>${shape.memoryMib}</memory>`)
       .replace(/<currentMemory[^>]*>\d+<\/currentMemory>/, `<currentMemory unit='MiB'>${shape.memoryMib}</currentMemory>`)
@@ -210,7 +215,7 @@ class LibvirtRuntime implements Runtime, LibvirtRuntimeExtras {
   async remove(id: string): Promise<void> {
     const d = await this.lookup(id);
     if (d) {
-      if (powerOf((await this.libvirt(() => this.hv.domainGetInfo(d))).state) !== "stopped") await this.libvirt(() => this.hv.domainDestroy(d));
+      if ((await this.power(d)) !== "stopped") await this.libvirt(() => this.hv.domainDestroy(d));
       await this.libvirt(() => this.hv.domainUndefine(d));
     }
     await rm(this.dir(id), { recursive: true, force: true });
@@ -221,15 +226,14 @@ class LibvirtRuntime implements Runtime, LibvirtRuntimeExtras {
   /** Memory to a file; the domain is stopped afterwards. */
   async snapshot(id: string, file: string): Promise<void> {
     const d = await this.must(id);
-    if (powerOf((await this.libvirt(() => this.hv.domainGetInfo(d))).state) === "stopped")
-      throw new RuntimeError(`${id} is not running: no memory to save`, false);
+    if ((await this.power(d)) === "stopped") throw new RuntimeError(`${id} is not running: no memory to save`, false);
     await this.libvirt(() => this.hv.domainSave(d, resolve(file)));
   }
 
   /** Back to where `snapshot` left it, running. Its disk must still stand on this host's verified base only. */
   async restore(id: string, file: string): Promise<void> {
     const d = await this.must(id);
-    if (powerOf((await this.libvirt(() => this.hv.domainGetInfo(d))).state) !== "stopped") throw new RuntimeError(`${id} must be stopped to restore`, false);
+    if ((await this.power(d)) !== "stopped") throw new RuntimeError(`${id} must be stopped to restore`, false);
     // The overlay's one reference is its base in this host's verified cache; anything else is refused.
     const info = await imageInfo(this.overlayPath(id), "qcow2");
     const backing = info["full-backing-filename"] ?? info["backing-filename"];
@@ -271,6 +275,10 @@ class LibvirtRuntime implements Runtime, LibvirtRuntimeExtras {
       this.owned.set(name, owned);
     }
     return owned;
+  }
+
+  private async power(d: Dom): Promise<DomainStatus["state"]> {
+    return powerOf((await this.libvirt(() => this.hv.domainGetInfo(d))).state);
   }
 
   private async must(id: string): Promise<Dom> {

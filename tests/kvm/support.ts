@@ -5,6 +5,7 @@ import { chmod } from "node:fs/promises";
 import { createServer } from "node:http";
 import { dirname } from "node:path";
 import { promisify } from "node:util";
+import { openLibvirt } from "../../agent/runtimes/libvirt-kvm.ts";
 
 /** Helpers of the real-hypervisor suite: host tools, a loopback image server, a bridge of the test's own. */
 
@@ -29,9 +30,10 @@ export async function requireHypervisor(): Promise<void> {
   await virsh("version").catch((e: Error) => {
     throw new Error(`tests/kvm needs a running libvirtd reachable at qemu:///system (.ci/run starts it): ${e.message}`);
   });
-  await import("@unraid/libvirt" as string).catch((e: Error) => {
+  const hv = await openLibvirt().catch((e: Error) => {
     throw new Error(`tests/kvm needs the @unraid/libvirt binding built (npm ci with libvirt-dev installed): ${e.message}`);
   });
+  await hv.connectClose();
 }
 
 /** Serve files on loopback by name: the host downloads base images from here, as from any image server. */
