@@ -5,9 +5,7 @@ import { parseArgs } from "node:util";
 import { startAgent } from "../agent/index.ts";
 import { createFakeRuntime } from "../agent/runtimes/fake.ts";
 import * as bc from "../sdk/client.ts";
-import { startServer } from "../server/app.ts";
-import { startWorker } from "../worker/index.ts";
-import { benchPlatform } from "./lib.ts";
+import { benchApi } from "./lib.ts";
 
 const { values } = parseArgs({
   options: { hosts: { type: "string", default: "3" }, sizes: { type: "string", default: "100,500,1000,2000" }, concurrency: { type: "string", default: "16" } },
@@ -18,27 +16,20 @@ const concurrency = Number(values.concurrency);
 
 async function once(n: number) {
   const dir = mkdtempSync(join(tmpdir(), "bc-conv-"));
-  const { platform, operatorToken, close } = await benchPlatform({ poolSize: 12, env: { RECONCILE_SWEEP_MS: "1000" } });
-  const database = platform.db;
-  const app = await startServer(platform, { port: 0, host: "127.0.0.1" });
-  const worker = await startWorker(platform);
-  const op = bc.createClient({ url: app.url, token: operatorToken });
-  const { createPool: pool } = await op.request(bc.CreatePoolDocument, { input: { name: "bench", class: "VPS_HOST", ipv4Range: "10.100.0.0/20" } });
-  await op.request(bc.CreateFlavorDocument, { input: { poolId: pool.id, name: "tiny", vcpus: 1, memoryMib: 256, diskGib: 2 } });
-  const { registerImage: image } = await op.request(bc.RegisterImageDocument, {
-    input: { name: "i", source: "https://images.invalid/i.qcow2", sha256: "b".repeat(64), format: "QCOW2", public: true },
+  const api = await benchApi({
+    poolSize: 12,
+    env: { RECONCILE_SWEEP_MS: "1000" },
+    ipv4Range: "10.100.0.0/20",
+    tiny: { vcpus: 1, memoryMib: 256, diskGib: 2 },
+    image: { source: "https://images.invalid/i.qcow2", sha256: "b".repeat(64) },
   });
-  const { createTenant } = await op.request(bc.CreateTenantDocument, { input: { name: "bench" } });
-  const { createApiToken } = await op.request(bc.CreateApiTokenDocument, { input: { tenantId: createTenant.id, name: "bench" } });
-  const tenant = bc.createClient({ url: app.url, token: createApiToken.token });
   const agents = [];
   for (let i = 0; i < hosts; i++) {
-    const { createJoinToken } = await op.request(bc.CreateJoinTokenDocument, { poolId: pool.id });
     const stateDir = join(dir, `host-${i}`);
     agents.push(
       await startAgent({
-        server: app.url,
-        joinToken: createJoinToken.token,
+        server: api.url,
+        joinToken: await api.joinToken(),
         name: `h${i}`,
         stateDir,
         heartbeatMs: 2000,
@@ -46,8 +37,8 @@ async function once(n: number) {
       }),
     );
   }
-  const running = () => database.prisma.instance.count({ where: { state: "running" } });
-  while ((await database.prisma.node.count({ where: { capVcpus: { gt: 0 } } })) < hosts) await new Promise((r) => setTimeout(r, 50));
+  const running = () => api.platform.db.prisma.instance.count({ where: { state: "running" } });
+  await api.hostsReported(hosts);
 
   const start = performance.now();
   let next = 0;
@@ -55,7 +46,7 @@ async function once(n: number) {
     Array.from({ length: concurrency }, async () => {
       while (next < n) {
         const k = next++;
-        await tenant.request(bc.CreateInstanceDocument, { input: { poolId: pool.id, flavor: "tiny", imageId: image.id, idempotencyKey: `b${k}` } });
+        await api.tenant.request(bc.CreateInstanceDocument, { input: { poolId: api.poolId, flavor: "tiny", imageId: api.imageId, idempotencyKey: `b${k}` } });
       }
     }),
   );
@@ -66,9 +57,7 @@ async function once(n: number) {
   }
   const seconds = (performance.now() - start) / 1000;
   for (const a of agents) await a.close();
-  await worker.close();
-  await app.close();
-  await close();
+  await api.close();
   rmSync(dir, { recursive: true, force: true });
   return { seconds, created };
 }

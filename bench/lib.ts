@@ -8,7 +8,10 @@ import { parseConfig } from "../core/config.ts";
 import { openDatabase } from "../infra/db/index.ts";
 import { migrate } from "../infra/db/migrate.ts";
 import { openPlatform, type Platform } from "../infra/platform.ts";
+import * as bc from "../sdk/client.ts";
+import { startServer } from "../server/app.ts";
 import { createDatabase, dropDatabase, urlFor } from "../tests/support/pg.ts";
+import { startWorker } from "../worker/index.ts";
 
 /** A scratch database on the same server the platform uses, dropped afterwards. */
 export async function scratchDatabase(prefix: string) {
@@ -116,6 +119,51 @@ export async function benchPlatform(opts: {
     async close() {
       await platform.close();
       await db.drop();
+    },
+  };
+}
+
+/**
+ * The whole API on a bench platform, ready for hosts to join: server and worker in this process, a hosted
+ * pool with one `tiny` flavor and one public image, and a tenant with its client. `close` stops and drops it all.
+ */
+export async function benchApi(opts: {
+  poolSize: number;
+  env?: Record<string, string>;
+  ipv4Range: string;
+  tiny: { vcpus: number; memoryMib: number; diskGib: number };
+  image: { source: string; sha256: string };
+}) {
+  const { platform, operatorToken, close } = await benchPlatform({ poolSize: opts.poolSize, env: opts.env });
+  const app = await startServer(platform, { port: 0, host: "127.0.0.1" });
+  const worker = await startWorker(platform);
+  const op = bc.createClient({ url: app.url, token: operatorToken });
+  const { createPool: pool } = await op.request(bc.CreatePoolDocument, { input: { name: "bench", class: "VPS_HOST", ipv4Range: opts.ipv4Range } });
+  await op.request(bc.CreateFlavorDocument, { input: { poolId: pool.id, name: "tiny", ...opts.tiny } });
+  const { registerImage: image } = await op.request(bc.RegisterImageDocument, { input: { name: "tiny", ...opts.image, format: "QCOW2", public: true } });
+  const { createTenant } = await op.request(bc.CreateTenantDocument, { input: { name: "bench" } });
+  const { createApiToken } = await op.request(bc.CreateApiTokenDocument, { input: { tenantId: createTenant.id, name: "bench" } });
+  return {
+    platform,
+    url: app.url,
+    poolId: pool.id,
+    imageId: image.id,
+    tenantToken: createApiToken.token,
+    tenant: bc.createClient({ url: app.url, token: createApiToken.token }),
+    joinToken: async () => (await op.request(bc.CreateJoinTokenDocument, { poolId: pool.id })).createJoinToken.token,
+    /** Placement needs each node's capacity, which arrives with its agent's first report. */
+    async hostsReported(count: number) {
+      for (const end = Date.now() + 60_000; ; ) {
+        const nodes = (await op.request(bc.NodesDocument, { poolId: pool.id })).nodes;
+        if (nodes.filter((n) => n.capacity.vcpus > 0).length >= count) return;
+        if (Date.now() > end) throw new Error(`only some of ${count} hosts reported their capacity`);
+        await new Promise((r) => setTimeout(r, 50));
+      }
+    },
+    async close() {
+      await worker.close();
+      await app.close();
+      await close();
     },
   };
 }

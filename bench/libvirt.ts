@@ -21,11 +21,9 @@ import { createLibvirtRuntime, openLibvirt } from "../agent/runtimes/libvirt-kvm
 import { renderSeed } from "../agent/runtimes/seed.ts";
 import type { InstanceSpec } from "../core/protocol.ts";
 import * as bc from "../sdk/client.ts";
-import { startServer } from "../server/app.ts";
 import { buildGuest } from "../tests/kvm/guest.ts";
 import { makeBridge, openPath, serveFiles } from "../tests/kvm/support.ts";
-import { startWorker } from "../worker/index.ts";
-import { benchArgs, benchPlatform, percentile } from "./lib.ts";
+import { benchApi, benchArgs, percentile } from "./lib.ts";
 
 const args = benchArgs({ runs: 5 });
 const median = (xs: number[]) =>
@@ -82,33 +80,24 @@ async function bareHost(guest: Awaited<ReturnType<typeof buildGuest>>, bridge: s
 /** The whole platform on one libvirt-kvm host: one round creates, pauses, resumes and deletes an instance. */
 async function platformHost(guest: Awaited<ReturnType<typeof buildGuest>>, bridge: string, dir: string) {
   const images = await serveFiles({ "base.qcow2": guest.base });
-  const { platform, operatorToken, close } = await benchPlatform({ poolSize: 10, env: { VPS_HOST_NETWORK: bridge, RECONCILE_SWEEP_MS: "1000" } });
-  const app = await startServer(platform, { port: 0, host: "127.0.0.1" });
-  const worker = await startWorker(platform);
-  const op = bc.createClient({ url: app.url, token: operatorToken });
-  const { createPool: pool } = await op.request(bc.CreatePoolDocument, { input: { name: "bench", class: "VPS_HOST", ipv4Range: "10.124.0.0/24" } });
-  await op.request(bc.CreateFlavorDocument, { input: { poolId: pool.id, name: "tiny", vcpus: 1, memoryMib: 256, diskGib: 1 } });
-  const { registerImage: image } = await op.request(bc.RegisterImageDocument, {
-    input: { name: "tiny", source: images.url("base.qcow2"), sha256: guest.sha256, format: "QCOW2", public: true },
+  const api = await benchApi({
+    poolSize: 10,
+    env: { VPS_HOST_NETWORK: bridge, RECONCILE_SWEEP_MS: "1000" },
+    ipv4Range: "10.124.0.0/24",
+    tiny: { vcpus: 1, memoryMib: 256, diskGib: 1 },
+    image: { source: images.url("base.qcow2"), sha256: guest.sha256 },
   });
-  const { createTenant } = await op.request(bc.CreateTenantDocument, { input: { name: "bench" } });
-  const { createApiToken } = await op.request(bc.CreateApiTokenDocument, { input: { tenantId: createTenant.id, name: "bench" } });
-  const t = bc.createClient({ url: app.url, token: createApiToken.token });
-  const { createJoinToken } = await op.request(bc.CreateJoinTokenDocument, { poolId: pool.id });
+  const t = api.tenant;
   const runtime = await createLibvirtRuntime({ stateDir: join(dir, "agent", "libvirt"), boot: guest, shutdownTimeoutMs: 1000 });
   const agent = await startAgent({
-    server: app.url,
-    joinToken: createJoinToken.token,
+    server: api.url,
+    joinToken: await api.joinToken(),
     name: "bench-host",
     stateDir: join(dir, "agent"),
     runtime,
     heartbeatMs: 2000,
   });
-  // Placement needs the node's capacity, which arrives with the agent's first report.
-  for (const end = Date.now() + 60_000; !(await op.request(bc.NodesDocument, { poolId: pool.id })).nodes[0]?.capacity.vcpus; ) {
-    if (Date.now() > end) throw new Error("the agent never reported its capacity");
-    await new Promise((r) => setTimeout(r, 100));
-  }
+  await api.hostsReported(1);
 
   /** Act, then wait for the acted-on instance's event into `state` on the pool's live stream: the time it took. */
   async function timed(state: string, act: () => Promise<string>): Promise<number> {
@@ -117,7 +106,7 @@ async function platformHost(guest: Awaited<ReturnType<typeof buildGuest>>, bridg
     const seen: { id: string; state: string; at: number }[] = [];
     let wake = () => {};
     const reading = (async () => {
-      for await (const e of bc.watchInstanceEvents({ url: app.url, token: createApiToken.token, poolId: pool.id, after, signal: stop.signal })) {
+      for await (const e of bc.watchInstanceEvents({ url: api.url, token: api.tenantToken, poolId: api.poolId, after, signal: stop.signal })) {
         seen.push({ id: e.instance.id, state: e.toState, at: performance.now() });
         wake();
       }
@@ -144,7 +133,7 @@ async function platformHost(guest: Awaited<ReturnType<typeof buildGuest>>, bridg
   async function once() {
     let id = "";
     const create = await timed("RUNNING", async () => {
-      id = (await t.request(bc.CreateInstanceDocument, { input: { poolId: pool.id, flavor: "tiny", imageId: image.id } })).createInstance.id;
+      id = (await t.request(bc.CreateInstanceDocument, { input: { poolId: api.poolId, flavor: "tiny", imageId: api.imageId } })).createInstance.id;
       return id;
     });
     const pause = await timed("PAUSED", async () => (await t.request(bc.PauseInstanceDocument, { id })).pauseInstance.id);
@@ -155,9 +144,7 @@ async function platformHost(guest: Awaited<ReturnType<typeof buildGuest>>, bridg
   async function closeAll() {
     await agent.close();
     await runtime.close();
-    await worker.close();
-    await app.close();
-    await close();
+    await api.close();
     await images.close();
   }
   return { once, close: closeAll };
