@@ -10,19 +10,16 @@
  *     suspend / resume calls on the bindings.
  * The guest is the tests' tiny one (tests/kvm/guest.ts). Needs PostgreSQL, Redis, libvirtd and QEMU.
  */
-import { mkdirSync, mkdtempSync, rmSync, writeFileSync } from "node:fs";
+import { mkdirSync, mkdtempSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { startAgent } from "../agent/index.ts";
 import { domainXml } from "../agent/runtimes/libvirt/domain-xml.ts";
-import { run } from "../agent/runtimes/libvirt/exec.ts";
 import { detectDomainType } from "../agent/runtimes/libvirt/host.ts";
-import { createLibvirtRuntime, openLibvirt } from "../agent/runtimes/libvirt-kvm.ts";
-import { renderSeed } from "../agent/runtimes/seed.ts";
-import type { InstanceSpec } from "../core/protocol.ts";
+import { createLibvirtRuntime, makeOverlay, openLibvirt, writeSeedIso } from "../agent/runtimes/libvirt-kvm.ts";
 import * as bc from "../sdk/client.ts";
 import { buildGuest } from "../tests/kvm/guest.ts";
-import { makeBridge, openPath, serveFiles } from "../tests/kvm/support.ts";
+import { makeBridge, openPath, serveFiles, tinySpec } from "../tests/kvm/support.ts";
 import { benchApi, benchArgs, percentile } from "./lib.ts";
 
 const args = benchArgs({ runs: 5 });
@@ -42,25 +39,11 @@ async function bareHost(guest: Awaited<ReturnType<typeof buildGuest>>, bridge: s
     const id = `inst_benchbare${"abcdefghijklmnopqrstuvwxyz"[i % 26]}`;
     const d = join(dir, id);
     mkdirSync(d, { recursive: true });
-    const spec: InstanceSpec = {
-      id,
-      power: "running",
-      vcpus: 1,
-      memoryMib: 256,
-      diskGib: 1,
-      gpus: [],
-      image: { url: "", sha256: guest.sha256, format: "qcow2" },
-      sshKeys: [],
-      userData: null,
-      hostname: id,
-      nic: { bridge, mac: `52:54:00:be:00:${(16 + (i % 200)).toString(16)}`, address: null, prefix: null, gateway: null },
-    };
+    const spec = tinySpec(id, { sha256: guest.sha256, bridge, mac: `52:54:00:be:00:${(16 + (i % 200)).toString(16)}` });
     const paths = { overlay: join(d, "overlay.qcow2"), seed: join(d, "seed.iso"), console: join(d, "console.log") };
     const t0 = performance.now();
-    await run("qemu-img", ["create", "-q", "-f", "qcow2", "-F", "qcow2", "-b", guest.base, paths.overlay, "1G"]);
-    const files = renderSeed(spec);
-    for (const [name, body] of Object.entries(files)) writeFileSync(join(d, name), body);
-    await run("genisoimage", ["-quiet", "-output", paths.seed, "-volid", "cidata", "-joliet", "-rock", ...Object.keys(files).map((f) => join(d, f))]);
+    await makeOverlay(guest.base, "qcow2", paths.overlay, spec.diskGib);
+    await writeSeedIso(spec, paths.seed);
     const t1 = performance.now();
     const dom = await hv.domainDefineXML(domainXml(spec, { type: detectDomainType(), owner: "bench-bare", paths, boot: guest }));
     await hv.domainCreate(dom);

@@ -74,6 +74,25 @@ export async function openLibvirt(uri = "qemu:///system"): Promise<Hypervisor> {
   return hv;
 }
 
+/** An instance's disk: a qcow2 overlay on its base, made aside and renamed, so a killed agent never reuses half of one. */
+export async function makeOverlay(base: string, baseFormat: string, path: string, diskGib: number): Promise<void> {
+  const tmp = `${path}.tmp`;
+  await run("qemu-img", ["create", "-q", "-f", "qcow2", "-F", baseFormat, "-b", base, tmp, `${diskGib}G`]);
+  await rename(tmp, path);
+}
+
+/** The instance's NoCloud seed (./seed.ts), burnt to an ISO labelled `cidata`. */
+export async function writeSeedIso(spec: InstanceSpec, iso: string): Promise<void> {
+  const tmp = await mkdtemp(join(dirname(iso), "seed-"));
+  try {
+    const files = renderSeed(spec);
+    for (const [name, body] of Object.entries(files)) await writeFile(join(tmp, name), body);
+    await run("genisoimage", ["-quiet", "-output", iso, "-volid", "cidata", "-joliet", "-rock", ...Object.keys(files).map((f) => join(tmp, f))]);
+  } finally {
+    await rm(tmp, { recursive: true, force: true });
+  }
+}
+
 export async function createLibvirtRuntime(o: LibvirtOptions): Promise<Runtime & LibvirtRuntimeExtras> {
   const hv = await openLibvirt(o.uri);
   const stateDir = resolve(o.stateDir);
@@ -145,28 +164,12 @@ class LibvirtRuntime implements Runtime, LibvirtRuntimeExtras {
     const base = await this.images.get(spec.image);
     await mkdir(dir, { recursive: true });
     const paths = { overlay: this.overlayPath(spec.id), seed: join(dir, "seed.iso"), console: this.consolePath(spec.id) };
-    if (!existsSync(paths.overlay)) {
-      // Made aside and renamed: an agent killed mid-create never leaves a half-written overlay to reuse.
-      const tmp = `${paths.overlay}.tmp`;
-      await run("qemu-img", ["create", "-q", "-f", "qcow2", "-F", spec.image.format, "-b", base, tmp, `${spec.diskGib}G`]);
-      await rename(tmp, paths.overlay);
-    }
-    await this.writeSeed(spec, paths.seed);
+    if (!existsSync(paths.overlay)) await makeOverlay(base, spec.image.format, paths.overlay, spec.diskGib);
+    await writeSeedIso(spec, paths.seed);
     const xml = domainXml(spec, { type: this.domainType, owner: this.owner, paths, boot: this.o.boot });
     await this.libvirt(() => this.hv.domainDefineXML(xml));
     this.owned.set(spec.id, true);
     this.disks.set(spec.id, spec.diskGib);
-  }
-
-  private async writeSeed(spec: InstanceSpec, iso: string): Promise<void> {
-    const tmp = await mkdtemp(join(this.dir(spec.id), "seed-"));
-    try {
-      const files = renderSeed(spec);
-      for (const [name, body] of Object.entries(files)) await writeFile(join(tmp, name), body);
-      await run("genisoimage", ["-quiet", "-output", iso, "-volid", "cidata", "-joliet", "-rock", ...Object.keys(files).map((f) => join(tmp, f))]);
-    } finally {
-      await rm(tmp, { recursive: true, force: true });
-    }
   }
 
   async start(id: string): Promise<void> {

@@ -5,9 +5,9 @@ import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { createLibvirtRuntime, type LibvirtRuntimeExtras } from "../../agent/runtimes/libvirt-kvm.ts";
 import { type Runtime, RuntimeError } from "../../agent/runtimes/runtime.ts";
 import type { InstanceSpec } from "../../core/protocol.ts";
-import { testKey } from "../support/fixtures.ts";
+import { testKey, until } from "../support/fixtures.ts";
 import { buildGuest, type Guest } from "./guest.ts";
-import { fileSha256, guestSaid, keyBlobSha256, makeBridge, openPath, readFromDisk, requireHypervisor, serveFiles, sh, virsh } from "./support.ts";
+import { fileSha256, guestSaid, keyBlobSha256, makeBridge, openPath, readFromDisk, requireHypervisor, serveFiles, sh, tinySpec, virsh } from "./support.ts";
 
 /** The libvirt-kvm runtime on the real libvirtd and QEMU of this machine, with a guest built from Debian packages. */
 
@@ -50,30 +50,18 @@ let n = 0;
 function spec(over: Partial<InstanceSpec> = {}): InstanceSpec {
   const id = `inst_kvmrt${"abcdefgh"[n++ % 8]}${process.pid.toString(32).replace(/[^a-z2-7]/g, "a")}`;
   made.push(id);
+  const base = tinySpec(id, { url: server.url("base.qcow2"), sha256: guest.sha256, bridge: bridge.name, mac: `52:54:00:4b:00:0${n}` });
   return {
-    id,
-    power: "running",
-    vcpus: 1,
-    memoryMib: 256,
-    diskGib: 1,
-    gpus: [],
-    image: { url: server.url("base.qcow2"), sha256: guest.sha256, format: "qcow2" },
+    ...base,
     sshKeys: [testKey("kvm@test")],
     userData: "#!/bin/sh\necho hello",
     hostname: "kvm-guest",
-    nic: { bridge: bridge.name, mac: `52:54:00:4b:00:0${n}`, address: "10.123.0.2", prefix: 24, gateway: null },
+    nic: { ...base.nic, address: "10.123.0.2", prefix: 24 },
     ...over,
   };
 }
 
 const stateOf = async (id: string) => (await rt.list()).find((d) => d.id === id)?.state;
-async function until(what: string, check: () => Promise<boolean> | boolean, ms = 120_000) {
-  const end = Date.now() + ms;
-  while (!(await check())) {
-    if (Date.now() > end) throw new Error(`timed out waiting for ${what}`);
-    await new Promise((r) => setTimeout(r, 100));
-  }
-}
 
 describe(`libvirt-kvm on this machine's libvirtd`, () => {
   it("boots a guest from a verified base, with its seed, NIC on the bridge and a disk of its own; stops, pauses, saves, restores and removes it", async () => {
@@ -83,7 +71,7 @@ describe(`libvirt-kvm on this machine's libvirtd`, () => {
     await rt.start(s.id);
     // The tap joins the bridge as the domain starts, before the guest runs anything.
     expect((await bridge.members()).some((l) => l.includes("vnet"))).toBe(true);
-    await until("the guest to be ready", () => "ready" in guestSaid(rt.consolePath(s.id)));
+    await until("the guest to be ready", () => "ready" in guestSaid(rt.consolePath(s.id)), 120_000, 100);
     const said = guestSaid(rt.consolePath(s.id));
     expect(said["instance-id"]).toEqual([s.id]);
     expect(said.hostname).toEqual(["kvm-guest"]);

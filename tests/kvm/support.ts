@@ -6,6 +6,7 @@ import { createServer } from "node:http";
 import { dirname } from "node:path";
 import { promisify } from "node:util";
 import { openLibvirt } from "../../agent/runtimes/libvirt-kvm.ts";
+import type { InstanceSpec } from "../../core/protocol.ts";
 
 /** Helpers of the real-hypervisor suite: host tools, a loopback image server, a bridge of the test's own. */
 
@@ -88,4 +89,21 @@ export const fileSha256 = (path: string) => createHash("sha256").update(readFile
 export async function readFromDisk(overlay: string, file: string, scratch: string): Promise<string> {
   await sh("qemu-img", ["convert", "-O", "raw", overlay, scratch]);
   return sh("debugfs", ["-R", `cat ${file}`, scratch]);
+}
+
+/** The tiny guest's instance spec: 1 vCPU, 256 MiB, 1 GiB, booting the guest's base on `bridge`. */
+export function tinySpec(id: string, o: { sha256: string; url?: string; bridge: string; mac: string }): InstanceSpec {
+  return {
+    id,
+    power: "running",
+    vcpus: 1,
+    memoryMib: 256,
+    diskGib: 1,
+    gpus: [],
+    image: { url: o.url ?? "", sha256: o.sha256, format: "qcow2" },
+    sshKeys: [],
+    userData: null,
+    hostname: id,
+    nic: { bridge: o.bridge, mac: o.mac, address: null, prefix: null, gateway: null },
+  };
 }
