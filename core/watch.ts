@@ -1,4 +1,4 @@
-import { forbidden, invalid, notFound } from "./errors.ts";
+import { invalid, notFound } from "./errors.ts";
 import type { InstanceRow } from "./instances.ts";
 import { type Principal, requireRead, visibleTo } from "./principal.ts";
 import { INSTANCE_COLUMNS, type Sql } from "./sql.ts";
@@ -52,11 +52,11 @@ export function parseCursor(cursor: string): bigint {
 
 /**
  * The same rule as for queries: tenants watch their own tenant's instances (with the read scope), operators
- * any pool or all of them, host agents nothing here.
+ * any pool or all of them, host agents nothing (requireRead refuses them).
  */
 export function eventFilter(who: Principal | null, args: { poolId?: string | null; projectId?: string | null }): EventFilter {
+  // requireRead also turns node credentials away: they hold no tenant and are not operators.
   const p = requireRead(who, "compute:instances:read");
-  if (p.nodeId) throw forbidden("a node credential cannot watch instances");
   return {
     ...(p.operator ? {} : { tenantId: p.tenantId as string }),
     ...(args.poolId ? { poolId: args.poolId } : {}),
@@ -68,7 +68,7 @@ export function eventFilter(who: Principal | null, args: { poolId?: string | nul
 export async function instanceFilter(sql: Sql, who: Principal | null, instanceId: string): Promise<EventFilter> {
   const p = requireRead(who, "compute:instances:read");
   const [row] = await sql.query<{ tenantId: string }>(`SELECT tenant_id AS "tenantId" FROM instances WHERE id = $1`, [instanceId]);
-  if (!row || p.nodeId || !visibleTo(p, row.tenantId)) throw notFound("instance", instanceId);
+  if (!row || !visibleTo(p, row.tenantId)) throw notFound("instance", instanceId);
   return { instanceId };
 }
 

@@ -50,23 +50,25 @@ export class LiveConnection {
 
   /** The client went away (or graphql-ws closed it): stop its streams, keep no record of it. */
   dropped(): void {
-    if (this.ended) return;
-    this.ended = true;
-    clearTimeout(this.expiry);
-    this.hub.forget(this);
-    for (const s of this.streams) s.end();
+    this.finish();
   }
 
   /** Close the socket first (so nothing more is sent), then stop every stream of it at once. */
   end(code: number, reason: string): void {
+    this.finish({ code, reason });
+  }
+
+  private finish(close?: { code: number; reason: string }): void {
     if (this.ended) return;
     this.ended = true;
     clearTimeout(this.expiry);
-    this.hub.forget(this, code);
-    try {
-      this.socket.close(code, reason);
-    } catch {
-      // already closed
+    this.hub.forget(this, close?.code);
+    if (close) {
+      try {
+        this.socket.close(close.code, close.reason);
+      } catch {
+        // already closed
+      }
     }
     for (const s of this.streams) s.end();
   }

@@ -1,4 +1,5 @@
 import { AppError } from "../../core/errors.ts";
+import { requireRead } from "../../core/principal.ts";
 import { cursorOf, type EventFilter, eventFilter, headPosition, instanceFilter, parseCursor, type WatchedEvent } from "../../core/watch.ts";
 import type { Context } from "../context.ts";
 import { builder } from "./builder.ts";
@@ -40,7 +41,7 @@ builder.queryFields((t) => ({
   instanceEventsCursor: t.string({
     description: "The cursor of the newest event. Read state, then subscribe with `after` set to this, and nothing that happens in between is missed.",
     resolve: async (_r, _a, ctx) => {
-      eventFilter(ctx.principal, {});
+      requireRead(ctx.principal, "compute:instances:read");
       return cursorOf(await ctx.platform.db.transaction((sql) => headPosition(sql)));
     },
   }),

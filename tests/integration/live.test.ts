@@ -3,6 +3,8 @@ import { WebSocket } from "ws";
 import {
   CreateApiTokenDocument,
   CreateInstanceDocument,
+  CreateJoinTokenDocument,
+  JoinNodeDocument,
   RevokeApiTokenDocument,
   StartInstanceDocument,
   StopInstanceDocument,
@@ -31,6 +33,15 @@ async function flip(client: Harness["operator"], id: string, n: number, from = 0
     if (i % 2 === 0) await client.request(StopInstanceDocument, { id });
     else await client.request(StartInstanceDocument, { id });
   }
+}
+
+/** A tenant, a hosted pool, and one instance of that tenant's in it. */
+async function tenantWithInstance(h: Harness, extra: { userData?: string } = {}) {
+  const t = await h.tenant();
+  const pool = await h.hostedPool();
+  const inst = (await t.client.request(CreateInstanceDocument, { input: { poolId: pool.poolId, flavor: "small", imageId: pool.imageId, ...extra } }))
+    .createInstance;
+  return { t, inst };
 }
 
 const versions = (evs: Ev[]) => evs.map((e) => e.version);
@@ -65,15 +76,13 @@ describe.each([
   });
 
   it("resumes after a dropped connection with every missed event, none twice, in version order", async () => {
-    const t = await h.tenant();
-    const pool = await h.hostedPool();
-    const inst = (await t.client.request(CreateInstanceDocument, { input: { poolId: pool.poolId, flavor: "small", imageId: pool.imageId } })).createInstance;
+    const { t, inst } = await tenantWithInstance(h);
     const first = watcher<Ev>(h.url, t.token, CHANGED, { id: inst.id, after: "0" });
     await flip(t.client, inst.id, 3);
     await expect.poll(() => versions(first.events), { timeout: 10_000, interval: 20 }).toEqual([1, 2, 3, 4]);
     first.socket?.terminate();
     await expect.poll(() => first.closed?.code, { timeout: 5000, interval: 20 }).toBe(1006);
-    // Missed while away: through the API and straight from the worker's side of the house.
+    // Missed while away.
     await flip(t.client, inst.id, 5, 3);
     const last = first.events.at(-1)?.cursor as string;
     const again = watcher<Ev>(h.url, t.token, CHANGED, { id: inst.id, after: last });
@@ -116,9 +125,14 @@ describe("live connections", () => {
     const noScope = await h.tenant({ scopes: ["compute:images:read"] });
     const denied = watcher<Ev>(h.url, noScope.token, EVENTS, {});
     await expect.poll(() => denied.errors[0], { timeout: 5000, interval: 20 }).toMatchObject({ extensions: { code: "FORBIDDEN" } });
+    // A host agent's node credential watches nothing here.
+    const { createJoinToken } = await h.operator.request(CreateJoinTokenDocument, { poolId: pool.poolId });
+    const node = (await h.client().request(JoinNodeDocument, { token: createJoinToken.token, name: "watcher-node" })).joinNode;
+    const agentWatch = watcher<Ev>(h.url, node.credential, EVENTS, {});
+    await expect.poll(() => agentWatch.errors[0], { timeout: 5000, interval: 20 }).toMatchObject({ extensions: { code: "FORBIDDEN" } });
     const bad = watcher<Ev>(h.url, b.token, EVENTS, { after: "not-a-cursor" });
     await expect.poll(() => bad.errors[0], { timeout: 5000, interval: 20 }).toMatchObject({ extensions: { code: "INVALID_INPUT" } });
-    for (const w of [bAll, bPool, op, peek, denied, bad]) await w.dispose();
+    for (const w of [bAll, bPool, op, peek, denied, agentWatch, bad]) await w.dispose();
   });
 
   it("ends a connection when its token is revoked or expires, and refuses a dead token at connect", async () => {
@@ -145,12 +159,8 @@ describe("live connections", () => {
   });
 
   it("cuts off a slow consumer while a fast one keeps up, and the slow one resumes from its cursor", async () => {
-    const t = await h.tenant();
-    const pool = await h.hostedPool();
     // Large events fill the socket buffers quickly, so the backlog reaches the server's queue.
-    const userData = "x".repeat(60_000);
-    const inst = (await t.client.request(CreateInstanceDocument, { input: { poolId: pool.poolId, flavor: "small", imageId: pool.imageId, userData } }))
-      .createInstance;
+    const { t, inst } = await tenantWithInstance(h, { userData: "x".repeat(60_000) });
     const q = `subscription($id: ID!, $after: String) { instanceChanged(id: $id, after: $after) { cursor version instance { userData } } }`;
     type Big = { cursor: string; version: number };
     const fast = watcher<Big>(h.url, t.token, q, { id: inst.id, after: "0" });
@@ -174,9 +184,7 @@ describe("live connections", () => {
   });
 
   it("never repeats what a cursor already covers, even on a server whose feed is behind it", async () => {
-    const t = await h.tenant();
-    const pool = await h.hostedPool();
-    const inst = (await t.client.request(CreateInstanceDocument, { input: { poolId: pool.poolId, flavor: "small", imageId: pool.imageId } })).createInstance;
+    const { t, inst } = await tenantWithInstance(h);
     const seen = watcher<Ev>(h.url, t.token, CHANGED, { id: inst.id, after: "0" });
     await flip(t.client, inst.id, 3);
     await expect.poll(() => versions(seen.events), { timeout: 10_000, interval: 20 }).toEqual([1, 2, 3, 4]);
@@ -194,9 +202,7 @@ describe("live connections", () => {
   });
 
   it("closes clients with a retryable code on shutdown; the SDK watcher resumes on the restarted server without a gap", async () => {
-    const t = await h.tenant();
-    const pool = await h.hostedPool();
-    const inst = (await t.client.request(CreateInstanceDocument, { input: { poolId: pool.poolId, flavor: "small", imageId: pool.imageId } })).createInstance;
+    const { t, inst } = await tenantWithInstance(h);
     let app: App = await startServer(h.platform, { port: 0, host: "127.0.0.1" });
     const port = Number(new URL(app.url).port);
     const reconnects: (number | null)[] = [];
