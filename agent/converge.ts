@@ -1,4 +1,4 @@
-import type { InstanceSpec, InstanceStatus, NodeSpec, StatusReport } from "../core/protocol.ts";
+import type { InstanceSpec, InstanceStatus, NodeSpec, StatusReport } from "../contracts/host.ts";
 import { type DomainStatus, type Runtime, RuntimeError } from "./runtimes/runtime.ts";
 
 interface Failure {

@@ -1,6 +1,6 @@
 import { existsSync, mkdirSync, readFileSync, renameSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
-import { type NodeSpec, nodeSpec } from "../core/protocol.ts";
+import { type NodeSpec, nodeSpec } from "../contracts/host.ts";
 import { createClient, createWsClient, JoinNodeDocument, NodeSpecDocument, ReportStatusDocument, SdkError } from "../sdk/client.ts";
 import { Converger } from "./converge.ts";
 import type { Runtime } from "./runtimes/runtime.ts";

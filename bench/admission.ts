@@ -7,7 +7,7 @@
  * transaction alone and (b) the whole API (HTTP GraphQL, auth, Redis pub/sub and BullMQ wake-up), each as a
  * ratio of pgbench's single-row INSERT rate on the same PostgreSQL. Needs PostgreSQL, Redis and pgbench.
  */
-import { admitInstance } from "../core/admission.ts";
+import { admitInstance } from "../core/instances/admission.ts";
 import { CreateInstanceDocument, createClient } from "../sdk/client.ts";
 import { startServer } from "../server/app.ts";
 import { admissionDeps, hostedFixture } from "./fixture.ts";

@@ -3,7 +3,7 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { parseArgs } from "node:util";
 import { startAgent } from "../agent/index.ts";
-import { createFakeRuntime } from "../agent/runtimes/fake.ts";
+import { createFakeRuntime } from "../agent/runtimes/fake/index.ts";
 import * as bc from "../sdk/client.ts";
 import { benchApi } from "./lib.ts";
 

@@ -14,7 +14,7 @@ import { type ChildProcess, execFileSync, spawn } from "node:child_process";
 import { readFileSync } from "node:fs";
 import { createClient as createGraphqlWs } from "graphql-ws";
 import { WebSocket } from "ws";
-import { setDesiredState } from "../core/instances.ts";
+import { setDesiredState } from "../core/instances/changes.ts";
 import { hostedFixture } from "./fixture.ts";
 import { benchArgs, benchPlatform, percentile } from "./lib.ts";
 

@@ -4,7 +4,7 @@ import { mkdtempSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { parseArgs } from "node:util";
-import { parseConfig } from "../core/config.ts";
+import { parseConfig } from "../infra/config.ts";
 import { openDatabase } from "../infra/db/index.ts";
 import { migrate } from "../infra/db/migrate.ts";
 import { openPlatform, type Platform } from "../infra/platform.ts";

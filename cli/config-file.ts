@@ -1,7 +1,7 @@
 import { existsSync } from "node:fs";
 import { resolve } from "node:path";
 import { pathToFileURL } from "node:url";
-import { type Config, type ConfigFile, parseConfig } from "../core/config.ts";
+import { type Config, type ConfigFile, parseConfig } from "../infra/config.ts";
 
 const CANDIDATES = ["compute.config.ts", "compute.config.mjs", "compute.config.js"];
 

@@ -1,7 +1,7 @@
 import { createRedisEventTarget } from "@graphql-yoga/redis-event-target";
 import { createPubSub } from "graphql-yoga";
 import { Redis } from "ioredis";
-import type { Channels } from "../core/events.ts";
+import type { Channels } from "../contracts/channels.ts";
 
 /**
  * Typed pub/sub over the channel map of core/events.ts. In memory for the embedded mode; over Redis when

@@ -1,4 +1,4 @@
-import type { Principal } from "../core/principal.ts";
+import type { Principal } from "../core/auth/principal.ts";
 import type { Platform } from "../infra/platform.ts";
 import type { LiveConnection, LiveHub } from "./live/hub.ts";
 

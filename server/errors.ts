@@ -1,5 +1,5 @@
 import { GraphQLError } from "graphql";
-import { isAppError } from "../core/errors.ts";
+import { isAppError } from "../contracts/errors.ts";
 import type { Logger } from "../infra/log.ts";
 
 // Structural checks rather than `instanceof GraphQLError`: graphql ships CJS and ESM builds, and a process

@@ -1,4 +1,4 @@
-import type { Capacity, InstanceSpec } from "../../core/protocol.ts";
+import type { Capacity, InstanceSpec } from "../../contracts/host.ts";
 
 /** One domain as a runtime sees it. Only domains the platform named (`inst_…`) are listed. */
 export interface DomainStatus {

@@ -1,5 +1,5 @@
 import { createHash } from "node:crypto";
-import type { InstanceSpec } from "../../core/protocol.ts";
+import type { InstanceSpec } from "../../contracts/host.ts";
 
 export interface SeedFiles {
   "meta-data": string;

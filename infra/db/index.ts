@@ -5,7 +5,7 @@ import { PGlite } from "@electric-sql/pglite";
 import { PrismaPg } from "@prisma/adapter-pg";
 import pg from "pg";
 import { PrismaPGlite } from "pglite-prisma-adapter";
-import type { Sql } from "../../core/sql.ts";
+import type { Sql } from "../../core/kernel/db.ts";
 import { PrismaClient } from "../../prisma/generated/client.ts";
 
 /** Plain SQL beside Prisma: migrations need multi-statement scripts, which prepared statements refuse. */

@@ -1,4 +1,4 @@
-import { type EventFilter, headPosition, matches, readEvents, type WatchedEvent } from "../../core/watch.ts";
+import { type EventFilter, headPosition, matches, readEvents, type WatchedEvent } from "../../core/instances/events.ts";
 import type { Platform } from "../../infra/platform.ts";
 
 /** A local subscriber of the feed: it gets every event after the head at which it attached that its filter matches. */

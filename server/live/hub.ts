@@ -1,5 +1,5 @@
-import type { Principal } from "../../core/principal.ts";
-import { type EventFilter, readEvents, type WatchedEvent } from "../../core/watch.ts";
+import type { Principal } from "../../core/auth/principal.ts";
+import { type EventFilter, readEvents, type WatchedEvent } from "../../core/instances/events.ts";
 import type { Platform } from "../../infra/platform.ts";
 import { EventFeed, type Sink } from "./feed.ts";
 

@@ -1,6 +1,6 @@
-import { AppError } from "../../core/errors.ts";
-import { requireRead } from "../../core/principal.ts";
-import { cursorOf, type EventFilter, eventFilter, headPosition, instanceFilter, parseCursor, type WatchedEvent } from "../../core/watch.ts";
+import { AppError } from "../../contracts/errors.ts";
+import { requireRead } from "../../core/auth/principal.ts";
+import { cursorOf, type EventFilter, eventFilter, headPosition, instanceFilter, parseCursor, type WatchedEvent } from "../../core/instances/events.ts";
 import type { Context } from "../context.ts";
 import { builder } from "./builder.ts";
 import { DesiredState, Instance, InstanceState } from "./instances.ts";

@@ -1,8 +1,8 @@
 import { z } from "zod";
-import { buildNodeSpec, createJoinToken, declareNodeGone, joinNode, recordReport } from "../../core/hosts.ts";
-import { requireAuth, requireNode, requireOperator } from "../../core/principal.ts";
-import { statusReport } from "../../core/protocol.ts";
-import { parseInput } from "../../core/shapes.ts";
+import { buildNodeSpec, createJoinToken, declareNodeGone, joinNode, recordReport } from "../../core/pools/hosted/hosts.ts";
+import { requireAuth, requireNode, requireOperator } from "../../core/auth/principal.ts";
+import { statusReport } from "../../contracts/host.ts";
+import { parseInput } from "../../core/catalog/shapes.ts";
 import type { Context } from "../context.ts";
 import { builder } from "./builder.ts";
 

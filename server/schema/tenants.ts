@@ -1,6 +1,6 @@
-import { notFound } from "../../core/errors.ts";
-import { requireAuth, requireOperator, requireRead, requireTenantScope } from "../../core/principal.ts";
-import { createApiToken, createProject, createTenant, quotaOf, revokeApiToken, setQuotaLimits } from "../../core/tenants.ts";
+import { notFound } from "../../contracts/errors.ts";
+import { requireAuth, requireOperator, requireRead, requireTenantScope } from "../../core/auth/principal.ts";
+import { createApiToken, createProject, createTenant, quotaOf, revokeApiToken, setQuotaLimits } from "../../core/tenancy/tenants.ts";
 import type { ApiToken as ApiTokenRow, Project as ProjectRow, Tenant as TenantRow } from "../../prisma/generated/client.ts";
 import { writeCtx } from "../context.ts";
 import { builder, GpuCountInput } from "./builder.ts";

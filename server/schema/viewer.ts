@@ -1,4 +1,4 @@
-import { requireAuth } from "../../core/principal.ts";
+import { requireAuth } from "../../core/auth/principal.ts";
 import { builder } from "./builder.ts";
 
 const Viewer = builder.objectRef<{ identityId: string; tenantId: string | null; operator: boolean; scopes: string[] }>("Viewer").implement({

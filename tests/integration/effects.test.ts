@@ -1,6 +1,6 @@
 import { Queue } from "bullmq";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import type { InstanceEventMessage } from "../../core/events.ts";
+import type { InstanceEventMessage } from "../../contracts/channels.ts";
 import { openBus } from "../../infra/bus.ts";
 import { queueName } from "../../infra/jobs.ts";
 import { CreateInstanceDocument, StartInstanceDocument, StopInstanceDocument } from "../../sdk/client.ts";

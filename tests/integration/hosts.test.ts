@@ -3,7 +3,7 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { startAgent } from "../../agent/index.ts";
-import { clearFailures, createFakeRuntime, injectFailure } from "../../agent/runtimes/fake.ts";
+import { clearFailures, createFakeRuntime, injectFailure } from "../../agent/runtimes/fake/index.ts";
 import {
   CreateInstanceDocument,
   CreateJoinTokenDocument,

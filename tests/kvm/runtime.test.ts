@@ -2,9 +2,9 @@ import { copyFileSync, existsSync, mkdtempSync, readdirSync, rmSync, writeFileSy
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { createLibvirtRuntime, type LibvirtRuntimeExtras } from "../../agent/runtimes/libvirt-kvm.ts";
+import { createLibvirtRuntime, type LibvirtRuntimeExtras } from "../../agent/runtimes/libvirt-kvm/index.ts";
 import { type Runtime, RuntimeError } from "../../agent/runtimes/runtime.ts";
-import type { InstanceSpec } from "../../core/protocol.ts";
+import type { InstanceSpec } from "../../contracts/host.ts";
 import { testKey, until } from "../support/fixtures.ts";
 import { buildGuest, type Guest } from "./guest.ts";
 import { fileSha256, guestSaid, keyBlobSha256, makeBridge, openPath, readFromDisk, requireHypervisor, serveFiles, sh, tinySpec, virsh } from "./support.ts";

@@ -5,8 +5,8 @@ import { chmod } from "node:fs/promises";
 import { createServer } from "node:http";
 import { dirname } from "node:path";
 import { promisify } from "node:util";
-import { openLibvirt } from "../../agent/runtimes/libvirt-kvm.ts";
-import type { InstanceSpec } from "../../core/protocol.ts";
+import { openLibvirt } from "../../agent/runtimes/libvirt-kvm/index.ts";
+import type { InstanceSpec } from "../../contracts/host.ts";
 
 /** Helpers of the real-hypervisor suite: host tools, a loopback image server, a bridge of the test's own. */
 

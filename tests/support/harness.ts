@@ -1,6 +1,6 @@
 import { randomBytes } from "node:crypto";
 import { Redis } from "ioredis";
-import { parseConfig } from "../../core/config.ts";
+import { parseConfig } from "../../infra/config.ts";
 import { openDatabase } from "../../infra/db/index.ts";
 import { openPlatform, type Platform } from "../../infra/platform.ts";
 import {

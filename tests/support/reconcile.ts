@@ -1,4 +1,4 @@
-import { lockInstance, transition } from "../../core/instances.ts";
+import { lockInstance, transition } from "../../core/instances/changes.ts";
 import type { Platform } from "../../infra/platform.ts";
 
 /**

@@ -3,9 +3,9 @@ import { mkdtemp, rm } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterEach, beforeEach, describe, expect, it } from "vitest";
-import { clearFailures, createFakeRuntime, injectFailure } from "../../agent/runtimes/fake.ts";
+import { clearFailures, createFakeRuntime, injectFailure } from "../../agent/runtimes/fake/index.ts";
 import { RuntimeError } from "../../agent/runtimes/runtime.ts";
-import { type InstanceSpec, instanceSpec } from "../../core/protocol.ts";
+import { type InstanceSpec, instanceSpec } from "../../contracts/host.ts";
 
 const key = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIB1Xq0mWdJ9e3S0k alice@laptop";
 const userData = "#!/bin/sh\necho hello from user data > /tmp/hello\n";

@@ -1,6 +1,6 @@
 import fc from "fast-check";
 import { describe, expect, it } from "vitest";
-import { base32, instanceId, randomIds } from "../../core/ids.ts";
+import { base32, instanceId, randomIds } from "../../core/kernel/ids.ts";
 
 describe("instance ids", () => {
   it("are inst_ and 52 base32 characters", () => {

@@ -1,7 +1,7 @@
 import fc from "fast-check";
 import { describe, expect, it } from "vitest";
-import { isAppError } from "../../core/errors.ts";
-import { formatIpv4, isLeasable, leasableCount, parseIpv4, parseRange } from "../../core/ipam.ts";
+import { isAppError } from "../../contracts/errors.ts";
+import { formatIpv4, isLeasable, leasableCount, parseIpv4, parseRange } from "../../core/pools/hosted/ipam.ts";
 
 describe("IPv4 ranges", () => {
   it("round-trips addresses", () => {

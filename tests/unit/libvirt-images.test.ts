@@ -1,5 +1,5 @@
 import { describe, expect, it } from "vitest";
-import { refuseReferences } from "../../agent/runtimes/libvirt/images.ts";
+import { refuseReferences } from "../../agent/runtimes/libvirt-kvm/images.ts";
 import { RuntimeError } from "../../agent/runtimes/runtime.ts";
 
 // What `qemu-img info --output=json` says of images (trimmed to the fields that matter).

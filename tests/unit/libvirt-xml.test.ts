@@ -1,7 +1,7 @@
 import { describe, expect, it } from "vitest";
-import { domainXml, ownedBy, pciAddress } from "../../agent/runtimes/libvirt/domain-xml.ts";
-import { detectDomainType } from "../../agent/runtimes/libvirt/host.ts";
-import type { InstanceSpec } from "../../core/protocol.ts";
+import { domainXml, ownedBy, pciAddress } from "../../agent/runtimes/libvirt-kvm/domain-xml.ts";
+import { detectDomainType } from "../../agent/runtimes/libvirt-kvm/host.ts";
+import type { InstanceSpec } from "../../contracts/host.ts";
 
 const spec = (over: Partial<InstanceSpec> = {}): InstanceSpec => ({
   id: "inst_abc",

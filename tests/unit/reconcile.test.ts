@@ -1,7 +1,7 @@
 import fc from "fast-check";
 import { describe, expect, it } from "vitest";
-import { decide, type Effect, type Situation, type Step, specPower } from "../../core/reconcile.ts";
-import { canTransition, type DesiredState, desiredStates, type InstanceState, instanceStates } from "../../core/state.ts";
+import { decide, type Effect, type Situation, type Step, specPower } from "../../core/instances/decide.ts";
+import { canTransition, type DesiredState, desiredStates, type InstanceState, instanceStates } from "../../core/instances/state.ts";
 
 type Observed = NonNullable<Situation["observed"]>;
 type Seen = Observed["state"];

@@ -1,6 +1,6 @@
 import { randomBytes } from "node:crypto";
 import { describe, expect, it } from "vitest";
-import { sealer } from "../../core/seal.ts";
+import { sealer } from "../../core/kernel/seal.ts";
 
 describe("sealed user data", () => {
   const s = sealer(randomBytes(32).toString("base64"));

@@ -1,5 +1,5 @@
 import { describe, expect, it } from "vitest";
-import { isSshPublicKey } from "../../core/ssh.ts";
+import { isSshPublicKey } from "../../core/instances/ssh.ts";
 import { testKey } from "../support/fixtures.ts";
 
 const blob = (type: string, extra = 32) => {

@@ -1,5 +1,5 @@
 import { describe, expect, it } from "vitest";
-import { assertTransition, canTransition, IllegalTransition, type InstanceState, instanceStates, instanceStateTable } from "../../core/state.ts";
+import { assertTransition, canTransition, IllegalTransition, type InstanceState, instanceStates, instanceStateTable } from "../../core/instances/state.ts";
 
 // The spec's diagram, edge by edge, plus the rules stated around it. Every pair not listed here is illegal.
 const expected: [InstanceState, InstanceState][] = [

@@ -1,4 +1,4 @@
-import { reconcileOnce } from "../../core/reconciler.ts";
+import { reconcileOnce } from "../../core/instances/reconciler.ts";
 import type { Platform } from "../../infra/platform.ts";
 
 /** Steps per run: enough to walk pending → running, bounded so a flapping instance cannot hold a worker. */

@@ -1,4 +1,4 @@
-import { announceOrphanRemovals, bumpSpecs, markLostNodes } from "../../core/hosts.ts";
+import { announceOrphanRemovals, bumpSpecs, markLostNodes } from "../../core/pools/hosted/hosts.ts";
 import type { Platform } from "../../infra/platform.ts";
 
 const BATCH = 2000;

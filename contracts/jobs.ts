@@ -1,0 +1,34 @@
+import { z } from "zod";
+import type { Config } from "../infra/config.ts";
+
+/**
+ * Every job the platform runs, in one list: its payload, how it is deduplicated, how it retries, and for
+ * periodic ones how often. Producers (the server, the reconcilers) and the worker both read this list, so a
+ * job cannot be enqueued in a shape nobody handles.
+ */
+export const jobCatalog = {
+  /** Reconcile one instance toward its desired state. One job per instance: a burst of changes is one run. */
+  "vps.instances": {
+    payload: z.object({ instanceId: z.string().regex(/^inst_[a-z2-7]{52}$/) }),
+    jobId: (p: { instanceId: string }) => p.instanceId,
+    attempts: 5,
+    backoffMs: 500,
+    concurrency: 8,
+    everyMs: undefined,
+  },
+  /**
+   * The safety net: silent nodes become lost, orphans past their grace are removed, specs an agent has not
+   * acknowledged are sent again, and every instance not at rest is woken. A lost wake-up only delays.
+   */
+  "vps.sweep": {
+    payload: z.object({}),
+    jobId: () => "sweep",
+    attempts: 1,
+    backoffMs: 1000,
+    concurrency: 1,
+    everyMs: (c: Config) => c.hosts.sweepMs,
+  },
+} as const;
+
+export type JobName = keyof typeof jobCatalog;
+export type JobPayload<N extends JobName> = z.infer<(typeof jobCatalog)[N]["payload"]>;

@@ -1,0 +1,47 @@
+import { z } from "zod";
+import { invalid } from "../../contracts/errors.ts";
+
+/** GPUs are whole and named by model, e.g. `nvidia-l40s`. */
+export const gpuModel = z.string().regex(/^[a-z0-9][a-z0-9._-]{0,62}$/, "GPU models are lower-case letters, digits, . _ -");
+export const gpuClaim = z.object({ model: gpuModel, count: z.number().int().min(1).max(16) });
+export type GpuClaim = z.infer<typeof gpuClaim>;
+
+/** A flavor's shape, with bounds a real host could satisfy; anything outside is a typo, not a request. */
+export const shape = z
+  .object({
+    vcpus: z.number().int().min(1).max(512),
+    memoryMib: z
+      .number()
+      .int()
+      .min(128)
+      .max(16 * 1024 * 1024),
+    diskGib: z
+      .number()
+      .int()
+      .min(1)
+      .max(64 * 1024),
+    gpus: z.array(gpuClaim).max(8).default([]),
+  })
+  .superRefine((s, ctx) => {
+    const models = s.gpus.map((g) => g.model);
+    if (new Set(models).size !== models.length) ctx.addIssue({ code: "custom", message: "each GPU model once", path: ["gpus"] });
+  });
+export type Shape = z.infer<typeof shape>;
+
+/** Quota resources a shape consumes. Instances count one each; GPUs count per model. */
+export function chargeOf(s: Shape): Record<string, number> {
+  const charge: Record<string, number> = { instances: 1, vcpus: s.vcpus, memory_mib: s.memoryMib, disk_gib: s.diskGib };
+  for (const g of s.gpus) charge[`gpu:${g.model}`] = g.count;
+  return charge;
+}
+
+export const gpuCount = (s: Pick<Shape, "gpus">) => s.gpus.reduce((n, g) => n + g.count, 0);
+
+/** Parse with zod and turn the first issue into INVALID_INPUT naming the field. */
+export function parseInput<T>(schema: z.ZodType<T>, value: unknown, where = "input"): T {
+  const r = schema.safeParse(value);
+  if (r.success) return r.data;
+  const issue = r.error.issues[0];
+  const path = [where, ...(issue?.path ?? [])].join(".");
+  throw invalid(`${path}: ${issue?.message ?? "invalid"}`, { path });
+}

@@ -1,0 +1,119 @@
+import type { ObservedState } from "../../contracts/host.ts";
+import type { DesiredState, InstanceState } from "./state.ts";
+
+/** What the reconciler knows when it looks at one hosted instance. */
+export interface Situation {
+  state: InstanceState;
+  desired: DesiredState;
+  /** The instance holds an allocation on a node. */
+  placed: boolean;
+  /** Its node: silent past the grace (`lost`), or declared gone by an operator (`gone`). */
+  node: { lost: boolean; gone: boolean } | null;
+  /**
+   * The host's latest word on the domain, counted only when it answers the spec as it now is (the report's
+   * generation has caught up with the instance's last change); `absent`: the host reported, without it.
+   */
+  observed: { state: ObservedState | "absent"; error: string | null; retryable: boolean; shapeMatches: boolean } | null;
+  attempts: number;
+  maxAttempts: number;
+  retryRequested: boolean;
+}
+
+export type Effect =
+  /** Find a node for it (scheduling without a placement). */
+  | "place"
+  /** Give back the allocation on the host that refused it, count the attempt, avoid that host next time. */
+  | "recreate"
+  /** Clear a retry request once acted on. */
+  | "clear-retry";
+
+export interface Step {
+  to: InstanceState | null;
+  reason: string;
+  effects?: Effect[];
+  /** The host's error, surfaced as a RuntimeError condition. */
+  runtimeError?: string;
+}
+
+const powered: Record<"running" | "stopped" | "paused", InstanceState> = { running: "running", stopped: "stopped", paused: "paused" };
+
+/**
+ * The next step for a hosted instance, or null when there is nothing to do until something changes.
+ * At most one transition per call: the reconciler applies it, then asks again.
+ */
+export function decide(s: Situation): Step | null {
+  const o = s.observed;
+  if (s.state === "deleted") return null;
+
+  if (s.desired === "deleted") {
+    if (s.state !== "deleting") return { to: "deleting", reason: "delete" };
+    // Released only once the host confirms the domain gone, or there is no host to ask.
+    if (!s.placed || !s.node || s.node.gone || o?.state === "absent") return { to: "deleted", reason: s.node?.gone ? "node-gone" : "host:gone" };
+    return null;
+  }
+
+  if (s.node?.gone && s.placed) {
+    if (s.state === "lost") return { to: "scheduling", reason: "recreate:node-gone", effects: ["recreate"] };
+    if (s.state !== "pending" && s.state !== "scheduling" && s.state !== "deleting") return { to: "lost", reason: "node-gone" };
+  }
+  if (s.node?.lost) {
+    const runsThere = ["provisioning", "starting", "running", "stopped", "rebooting", "resizing", "paused", "error"].includes(s.state);
+    return runsThere ? { to: "lost", reason: "host-silent" } : null;
+  }
+
+  if (o?.state === "failed" && ["provisioning", "starting", "running", "paused", "resizing"].includes(s.state)) {
+    if (s.state === "provisioning" && o.retryable && s.attempts + 1 < s.maxAttempts) {
+      return { to: "scheduling", reason: "recreate:host-refused", effects: ["recreate"], runtimeError: o.error ?? "the host could not create the instance" };
+    }
+    return { to: "error", reason: "host:failed", runtimeError: o.error ?? "the host reported a failure" };
+  }
+
+  switch (s.state) {
+    case "pending":
+      return { to: "scheduling", reason: "schedule" };
+    case "scheduling":
+      return s.placed ? { to: "provisioning", reason: "placed" } : { to: null, reason: "place", effects: ["place"] };
+    case "provisioning":
+      if (o?.state === "running") return { to: "starting", reason: "host:defined" };
+      if (o?.state === "stopped") return { to: s.desired === "stopped" ? "stopped" : "starting", reason: "host:defined" };
+      return null;
+    case "starting":
+      if (o?.state === "running") return { to: "running", reason: "host:running" };
+      if (o?.state === "stopped" && s.desired === "stopped") return { to: "stopped", reason: "host:stopped" };
+      return null;
+    case "running":
+      if (o?.state === "absent") return { to: "lost", reason: "host:domain-missing" };
+      if (o?.state === "stopped") return { to: "stopped", reason: s.desired === "stopped" ? "host:stopped" : "host:powered-off" };
+      if (o?.state === "paused" && s.desired === "paused") return { to: "paused", reason: "host:paused" };
+      return null;
+    case "paused":
+      if (o?.state === "running" && s.desired === "running") return { to: "running", reason: "host:resumed" };
+      if (o?.state === "stopped") return { to: "stopped", reason: "host:stopped" };
+      return null;
+    case "stopped":
+      if (s.desired === "running" || s.desired === "paused") return { to: "starting", reason: "start" };
+      return null;
+    case "resizing":
+      if (o?.state === "stopped" && o.shapeMatches) return { to: "stopped", reason: "host:resized" };
+      return null;
+    case "error":
+      if (s.retryRequested && s.desired !== "stopped") return { to: "starting", reason: "retry", effects: ["clear-retry"] };
+      if (s.desired === "stopped" && o?.state === "stopped") return { to: "stopped", reason: "host:stopped" };
+      return null;
+    case "lost":
+      if (!s.node || !o) return null;
+      if (o.state === "running" || o.state === "stopped" || o.state === "paused") return { to: powered[o.state], reason: "recover" };
+      if (o.state === "absent") return { to: "scheduling", reason: "recreate:domain-missing" };
+      return null;
+    default:
+      return null;
+  }
+}
+
+/** The power state the host should hold a domain in, from where the instance is and what is wanted. */
+export function specPower(state: InstanceState, desired: DesiredState): "running" | "stopped" | "paused" {
+  if (state === "error" || state === "resizing" || desired === "stopped" || desired === "deleted") return "stopped";
+  // Pausing is a step from running (the table has no starting → paused): boot first, pause once running.
+  if (desired === "paused" && state !== "running" && state !== "paused") return "running";
+  return desired;
+}

@@ -1,0 +1,163 @@
+import { AppError } from "../../../contracts/errors.ts";
+import type { IdSource } from "../../kernel/ids.ts";
+import type { Shape } from "../../catalog/shapes.ts";
+import type { Sql } from "../../kernel/db.ts";
+
+export interface Placement {
+  nodeId: string;
+  allocationId: string;
+  gpus: { id: string; model: string; index: number; pciAddress: string | null }[];
+}
+
+export interface PlaceRequest {
+  poolId: string;
+  tenantId: string;
+  instanceId: string;
+  shape: Shape;
+  singleTenant: boolean;
+  /** Resize: only this node is considered (the instance's own claim has already been given back). */
+  onlyNodeId?: string;
+  /** Recreate: hosts that refused this instance before. */
+  excludeNodeIds?: readonly string[];
+}
+
+const CANDIDATES = 8;
+
+// What a node must have free for the request; $1 pool, $2 vCPUs, $3 MiB, $4 GiB, $5 single-tenant, $6 tenant,
+// $7 the only node to consider (or null), $8 nodes to avoid. Lost and gone nodes take nothing new.
+const FITS = `n.pool_id = $1 AND n.state = 'ready' AND n.lost_at IS NULL AND n.gone_at IS NULL
+  AND ($7::text IS NULL OR n.id = $7) AND NOT (n.id = ANY($8::text[]))
+  AND n.cap_vcpus - n.alloc_vcpus >= $2 AND n.cap_memory_mib - n.alloc_memory_mib >= $3 AND n.cap_disk_gib - n.alloc_disk_gib >= $4
+  AND (NOT $5::boolean OR n.dedicated_tenant_id IS NULL OR n.dedicated_tenant_id = $6)`;
+
+// Claim the counters of node $8 for the request; re-checks the fit on the row version it locked.
+const CLAIM = `UPDATE nodes n SET alloc_vcpus = alloc_vcpus + $2, alloc_memory_mib = alloc_memory_mib + $3,
+    alloc_disk_gib = alloc_disk_gib + $4, alloc_instances = alloc_instances + 1,
+    dedicated_tenant_id = CASE WHEN $5::boolean THEN $6 ELSE dedicated_tenant_id END`;
+
+/**
+ * Place an instance on one node of the pool, inside the caller's transaction.
+ *
+ * Claims are guarded UPDATEs of the node's counters: PostgreSQL re-evaluates the WHERE on the latest row
+ * version after a lock wait, so concurrent creates can never push a node past its capacity (a CHECK
+ * constraint backs this up). Nodes another create holds are skipped first (SKIP LOCKED) so creates spread
+ * instead of queueing on one row, then waited for, so a node that still fits is never reported full. GPUs are
+ * rows, claimed while the node's row lock is held: whole, never shared. Policy: best fit (the fullest node that
+ * fits), and nodes whose GPUs the request does not use come last, so GPU hosts stay free for GPU work.
+ */
+export async function place(sql: Sql, ids: IdSource, req: PlaceRequest): Promise<Placement> {
+  const s = req.shape;
+  const base = [req.poolId, s.vcpus, s.memoryMib, s.diskGib, req.singleTenant, req.tenantId, req.onlyNodeId ?? null, req.excludeNodeIds ?? []];
+  const allocationId = ids("alloc");
+
+  if (s.gpus.length === 0) {
+    // The common case in one statement: pick, lock, claim and record the allocation.
+    const [fast] = await sql.query<{ node_id: string }>(
+      `WITH pick AS (
+         SELECT n.id FROM nodes n WHERE ${FITS}
+          ORDER BY (SELECT count(*) FROM node_gpus g WHERE g.node_id = n.id AND g.allocation_id IS NULL), n.cap_memory_mib - n.alloc_memory_mib, n.id
+          LIMIT 1 FOR UPDATE SKIP LOCKED),
+       claimed AS (${CLAIM} FROM pick WHERE n.id = pick.id AND ${FITS} RETURNING n.id)
+       INSERT INTO allocations (id, node_id, instance_id, tenant_id, vcpus, memory_mib, disk_gib)
+       SELECT $9, claimed.id, $10, $6, $2, $3, $4 FROM claimed RETURNING node_id`,
+      [...base, allocationId, req.instanceId],
+    );
+    if (fast) return { nodeId: fast.node_id, allocationId, gpus: [] };
+  }
+
+  const candidates = await sql.query<{ id: string }>(
+    `SELECT n.id FROM nodes n WHERE ${FITS}
+        AND NOT EXISTS (SELECT 1 FROM jsonb_to_recordset($9::jsonb) AS w(model text, count int)
+                         WHERE (SELECT count(*) FROM node_gpus g WHERE g.node_id = n.id AND g.model = w.model AND g.allocation_id IS NULL) < w.count)
+      ORDER BY (SELECT count(*) FROM node_gpus g WHERE g.node_id = n.id AND g.allocation_id IS NULL
+                 AND NOT (g.model = ANY($10::text[]))), n.cap_memory_mib - n.alloc_memory_mib, n.id
+      LIMIT ${CANDIDATES}`,
+    [...base, JSON.stringify(s.gpus), s.gpus.map((g) => g.model)],
+  );
+  const busy: string[] = [];
+  for (const { id } of candidates) {
+    const placed = await tryNode(sql, base, req, id, allocationId, false);
+    if (placed === "busy") busy.push(id);
+    else if (placed) return placed;
+  }
+  for (const id of busy) {
+    const placed = await tryNode(sql, base, req, id, allocationId, true);
+    if (placed && placed !== "busy") return placed;
+  }
+  throw await unschedulable(sql, req);
+}
+
+async function tryNode(sql: Sql, base: unknown[], req: PlaceRequest, nodeId: string, allocationId: string, wait: boolean): Promise<Placement | null | "busy"> {
+  // A savepoint lets a node whose GPUs went short after the counters were claimed be given back whole.
+  await sql.query("SAVEPOINT place_node");
+  const claimed = await sql.query<{ id: string }>(
+    `${CLAIM} WHERE n.id = $9 AND ${FITS} ${wait ? "" : "AND n.id IN (SELECT id FROM nodes WHERE id = $9 FOR UPDATE SKIP LOCKED)"} RETURNING n.id`,
+    [...base, nodeId],
+  );
+  if (claimed.length === 0) {
+    await sql.query("ROLLBACK TO SAVEPOINT place_node");
+    // Without waiting, "no row" may only mean another transaction held the node (a create, or a host report
+    // updating it) at that instant; checking the lock afterwards races its release. Only the waiting claim,
+    // which re-checks the fit on the latest row version, may say the node is full.
+    return wait ? null : "busy";
+  }
+  const s = req.shape;
+  await sql.query(`INSERT INTO allocations (id, node_id, instance_id, tenant_id, vcpus, memory_mib, disk_gib) VALUES ($1, $2, $3, $4, $5, $6, $7)`, [
+    allocationId,
+    nodeId,
+    req.instanceId,
+    req.tenantId,
+    s.vcpus,
+    s.memoryMib,
+    s.diskGib,
+  ]);
+  const gpus: Placement["gpus"] = [];
+  for (const g of s.gpus) {
+    const got = await sql.query<Placement["gpus"][number]>(
+      `UPDATE node_gpus SET allocation_id = $1
+        WHERE id IN (SELECT id FROM node_gpus WHERE node_id = $2 AND model = $3 AND allocation_id IS NULL ORDER BY index LIMIT $4 FOR UPDATE)
+        RETURNING id, model, index, pci_address AS "pciAddress"`,
+      [allocationId, nodeId, g.model, g.count],
+    );
+    if (got.length < g.count) {
+      await sql.query("ROLLBACK TO SAVEPOINT place_node");
+      return null;
+    }
+    gpus.push(...got);
+  }
+  await sql.query("RELEASE SAVEPOINT place_node");
+  return { nodeId, allocationId, gpus: gpus.sort((a, b) => a.index - b.index) };
+}
+
+/** Give back what an allocation holds on its node, and delete it. */
+export async function releaseAllocation(sql: Sql, allocationId: string): Promise<void> {
+  await sql.query(
+    `WITH a AS (DELETE FROM allocations WHERE id = $1 RETURNING node_id, vcpus, memory_mib, disk_gib),
+          g AS (UPDATE node_gpus SET allocation_id = NULL WHERE allocation_id = $1)
+     UPDATE nodes n SET alloc_vcpus = alloc_vcpus - a.vcpus, alloc_memory_mib = alloc_memory_mib - a.memory_mib,
+            alloc_disk_gib = alloc_disk_gib - a.disk_gib, alloc_instances = alloc_instances - 1,
+            dedicated_tenant_id = CASE WHEN alloc_instances = 1 THEN NULL ELSE dedicated_tenant_id END
+       FROM a WHERE n.id = a.node_id`,
+    [allocationId],
+  );
+}
+
+/** Say why nothing fits, in words an operator can act on. */
+async function unschedulable(sql: Sql, req: PlaceRequest): Promise<AppError> {
+  const s = req.shape;
+  const want = `${s.vcpus} vCPU, ${s.memoryMib} MiB, ${s.diskGib} GiB${s.gpus.map((g) => `, ${g.count}× ${g.model}`).join("")}`;
+  const [stats] = await sql.query<{ ready: number; vcpus: number | null; mem: string | null; disk: string | null }>(
+    `SELECT count(*)::int AS ready, max(cap_vcpus - alloc_vcpus) AS vcpus, max(cap_memory_mib - alloc_memory_mib)::text AS mem,
+            max(cap_disk_gib - alloc_disk_gib)::text AS disk
+       FROM nodes WHERE pool_id = $1 AND state = 'ready' AND lost_at IS NULL AND gone_at IS NULL AND ($2::text IS NULL OR id = $2)
+        AND NOT (id = ANY($3::text[]))`,
+    [req.poolId, req.onlyNodeId ?? null, req.excludeNodeIds ?? []],
+  );
+  const where = req.onlyNodeId ? `its node ${req.onlyNodeId}` : `pool ${req.poolId}`;
+  const reason = !stats?.ready
+    ? `no ready node in ${where}`
+    : `no node in ${where} has room for ${want} (${stats.ready} ready; most free: ${stats.vcpus} vCPU, ${stats.mem} MiB, ${stats.disk} GiB${
+        req.singleTenant ? "; single-tenant pool: nodes holding other tenants are excluded" : ""
+      })`;
+  return new AppError("UNSCHEDULABLE", reason, { poolId: req.poolId, requested: want });
+}

@@ -1,0 +1,81 @@
+import { AppError } from "../../contracts/errors.ts";
+import type { Sql } from "../kernel/db.ts";
+
+export type Charge = Record<string, number>;
+
+/** The resources every tenant has a usage row for from its creation; GPU models get theirs on first use. */
+export const SCALAR_RESOURCES = ["disk_gib", "instances", "memory_mib", "vcpus"] as const;
+
+export async function ensureUsageRows(sql: Sql, tenantId: string, resources: readonly string[]): Promise<void> {
+  await sql.query(`INSERT INTO quota_usage (tenant_id, resource, used) SELECT $1, r, 0 FROM unnest($2::text[]) AS r ON CONFLICT DO NOTHING`, [
+    tenantId,
+    resources,
+  ]);
+}
+
+/**
+ * Charge a tenant's quota in one guarded UPDATE: a row is only raised while it stays within its limit, and the
+ * row locks serialise a tenant's concurrent creates (the WHERE is re-checked after a lock wait). Fewer rows
+ * updated than asked means a limit was hit: the caller's transaction is aborted by the error.
+ */
+export async function chargeQuota(sql: Sql, tenantId: string, charge: Charge): Promise<void> {
+  const resources = Object.keys(charge)
+    .filter((r) => (charge[r] ?? 0) > 0)
+    .sort();
+  if (resources.length === 0) return;
+  if (resources.some((r) => !(SCALAR_RESOURCES as readonly string[]).includes(r))) await ensureUsageRows(sql, tenantId, resources);
+  const amounts = resources.map((r) => charge[r] as number);
+  const raised = await sql.query<{ resource: string }>(
+    `UPDATE quota_usage u SET used = u.used + w.amount
+       FROM unnest($2::text[], $3::bigint[]) AS w(resource, amount)
+      WHERE u.tenant_id = $1 AND u.resource = w.resource
+        AND u.used + w.amount <= COALESCE((SELECT l."limit" FROM quota_limits l WHERE l.tenant_id = $1 AND l.resource = w.resource), u.used + w.amount)
+      RETURNING u.resource`,
+    [tenantId, resources, amounts],
+  );
+  if (raised.length === resources.length) return;
+  const over = resources.find((r) => !raised.some((x) => x.resource === r)) as string;
+  const [row] = await sql.query<{ limit: string | null; used: string | null }>(
+    `SELECT (SELECT "limit"::text FROM quota_limits WHERE tenant_id = $1 AND resource = $2) AS "limit",
+            (SELECT used::text FROM quota_usage WHERE tenant_id = $1 AND resource = $2) AS used`,
+    [tenantId, over],
+  );
+  if (row?.limit == null) throw new Error(`quota usage row for ${over} of tenant ${tenantId} is missing`);
+  const asked = charge[over] as number;
+  throw new AppError("QUOTA_EXCEEDED", `quota ${over} exceeded: limit ${row.limit}, in use ${row.used}, asked ${asked}`, {
+    resource: over,
+    limit: Number(row.limit),
+    used: Number(row.used),
+    requested: asked,
+  });
+}
+
+/** Give a charge back. Called once per instance: the caller flips `charge_released` under the row lock. */
+export async function releaseQuota(sql: Sql, tenantId: string, charge: Charge): Promise<void> {
+  const resources = Object.keys(charge)
+    .filter((r) => (charge[r] ?? 0) > 0)
+    .sort();
+  if (resources.length === 0) return;
+  await sql.query(
+    `UPDATE quota_usage u SET used = u.used - w.amount FROM unnest($2::text[], $3::bigint[]) AS w(resource, amount)
+      WHERE u.tenant_id = $1 AND u.resource = w.resource`,
+    [tenantId, resources, resources.map((r) => charge[r])],
+  );
+}
+
+/** Quota limits as the API speaks them (camelCase scalars + GPUs by model) ↔ rows by resource name. */
+export interface QuotaInput {
+  instances?: number | null;
+  vcpus?: number | null;
+  memoryMib?: number | null;
+  diskGib?: number | null;
+  gpus?: { model: string; count: number }[] | null;
+}
+
+export function quotaRows(q: QuotaInput): { resource: string; limit: number }[] {
+  const rows: { resource: string; limit: number }[] = [];
+  const scalar = { instances: q.instances, vcpus: q.vcpus, memory_mib: q.memoryMib, disk_gib: q.diskGib };
+  for (const [resource, limit] of Object.entries(scalar)) if (limit != null) rows.push({ resource, limit });
+  for (const g of q.gpus ?? []) rows.push({ resource: `gpu:${g.model}`, limit: g.count });
+  return rows;
+}

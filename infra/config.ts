@@ -1,0 +1,200 @@
+import { randomBytes } from "node:crypto";
+import { existsSync, mkdirSync, readFileSync, writeFileSync } from "node:fs";
+import { join, resolve } from "node:path";
+import { z } from "zod";
+import { AppError } from "../contracts/errors.ts";
+import type { ImageResolver } from "../core/catalog/images.ts";
+import { builtinProviders, type ProviderDefinition } from "../core/pools/provider/contract.ts";
+
+/** Resolves a SecretRef (`env:NAME`) from a provider account's config to its value. */
+export interface SecretResolver {
+  resolve(ref: string): Promise<string | undefined>;
+}
+
+export const envSecrets: SecretResolver = {
+  async resolve(ref) {
+    return ref.startsWith("env:") ? process.env[ref.slice(4)] : undefined;
+  },
+};
+
+/** What `compute.config.ts` may export through `defineConfig`; everything is optional. */
+export interface ConfigFile {
+  port?: number;
+  host?: string;
+  databaseUrl?: string;
+  redisUrl?: string;
+  dataDir?: string;
+  hosts?: { lostGraceMs?: number; orphanGraceMs?: number; sweepMs?: number; maxRecreateAttempts?: number; joinTokenTtlSeconds?: number };
+  live?: { bufferEvents?: number; keepAliveMs?: number; reauthMs?: number; pollMs?: number };
+  vps?: {
+    runtimes?: string[];
+    providers?: ProviderDefinition[];
+    images?: ImageResolver;
+    secrets?: SecretResolver;
+    hostNetwork?: string;
+  };
+}
+export const defineConfig = (c: ConfigFile): ConfigFile => c;
+
+const runtimeId = z.string().regex(/^[a-z0-9-]+$/, "runtime ids are lower-case letters, digits and hyphens");
+const providerDef = z.custom<ProviderDefinition>(
+  (v) => typeof v === "object" && v !== null && typeof (v as ProviderDefinition).id === "string" && "accountConfig" in v,
+  "not a provider definition (use defineProvider)",
+);
+const resolverOf = <T>(what: string) =>
+  z.custom<T>((v) => typeof v === "object" && v !== null && typeof (v as { resolve?: unknown }).resolve === "function", `${what} needs a resolve() function`);
+
+const schema = z.object({
+  port: z.coerce.number().int().min(0).max(65535).default(4000),
+  host: z.string().min(1).default("127.0.0.1"),
+  databaseUrl: z
+    .string()
+    .regex(/^postgres(ql)?:\/\//, "must be a postgres:// URL")
+    .optional(),
+  redisUrl: z
+    .string()
+    .regex(/^rediss?:\/\//, "must be a redis:// URL")
+    .optional(),
+  /** Prefix of every Redis key and channel, so deployments (and tests) can share one Redis. */
+  redisPrefix: z
+    .string()
+    .regex(/^[A-Za-z0-9_.-]{1,64}$/)
+    .default("bc"),
+  dataDir: z.string().min(1).default(".data"),
+  operatorToken: z.string().min(16, "at least 16 characters").optional(),
+  /** 32 bytes, base64: the key that seals user data at rest. */
+  sealKey: z
+    .string()
+    .refine((s) => Buffer.from(s, "base64").length === 32, "must be 32 bytes, base64-encoded")
+    .optional(),
+  logLevel: z.enum(["debug", "info", "warn", "error", "silent"]).default("info"),
+  /** Hosts and reconciliation timing. */
+  hosts: z
+    .object({
+      /** A node silent this long is lost, with the instances it runs. */
+      lostGraceMs: z.coerce.number().int().min(100).default(30_000),
+      /** A domain no instance owns is removed this long after its host first reports it. */
+      orphanGraceMs: z.coerce.number().int().min(0).default(60_000),
+      /** How often the sweep looks for instances that drifted, silent nodes and orphans. */
+      sweepMs: z.coerce.number().int().min(50).default(5_000),
+      /** Hosts tried before an instance that no host can create is left in error. */
+      maxRecreateAttempts: z.coerce.number().int().min(1).max(20).default(3),
+      joinTokenTtlSeconds: z.coerce.number().int().min(10).default(3600),
+    })
+    .prefault({}),
+  /** Subscriptions: what a live connection may cost the server. */
+  live: z
+    .object({
+      /** Events queued for one connection (all its subscriptions) before it is closed as a slow consumer. */
+      bufferEvents: z.coerce.number().int().min(1).default(1000),
+      /** Websocket ping interval; a peer that misses a pong for as long is dropped. 0 turns pings off. */
+      keepAliveMs: z.coerce.number().int().min(0).default(12_000),
+      /** How often live connections re-check their credential (revocations also arrive at once over pub/sub). */
+      reauthMs: z.coerce.number().int().min(100).default(60_000),
+      /** How often each server reads the event table even without a pub/sub hint (a lost message only delays). */
+      pollMs: z.coerce.number().int().min(10).default(1000),
+    })
+    .prefault({}),
+  vps: z
+    .object({
+      runtimes: z.array(runtimeId).min(1, "at least one runtime").default(["libvirt-kvm"]),
+      providers: z
+        .array(providerDef)
+        .default([])
+        .superRefine((defs, ctx) => {
+          const seen = new Set<string>();
+          defs.forEach((d, i) => {
+            if (seen.has(d.id)) ctx.addIssue({ code: "custom", message: `provider ${d.id} is listed twice`, path: [i] });
+            seen.add(d.id);
+          });
+        }),
+      images: resolverOf<ImageResolver>("images").optional(),
+      secrets: resolverOf<SecretResolver>("secrets").default(envSecrets),
+      hostNetwork: z
+        .string()
+        .regex(/^[A-Za-z0-9_.-]{1,15}$/, "an interface name of 1 to 15 letters, digits, _ . -")
+        .default("br0"),
+    })
+    .prefault({}),
+});
+
+export type Config = z.infer<typeof schema>;
+
+/** Env wins over the file: operators override a shipped config without editing it. */
+export function readEnv(env: NodeJS.ProcessEnv): Record<string, unknown> {
+  const list = (v: string | undefined) =>
+    v === undefined
+      ? undefined
+      : v
+          .split(",")
+          .map((s) => s.trim())
+          .filter(Boolean);
+  const providerIds = list(env.PROVIDERS);
+  const providers = providerIds?.map((id, i) => {
+    const def = builtinProviders.find((p) => p.id === id);
+    if (!def) throw new AppError("INVALID_CONFIG", `invalid config at vps.providers.${i}: unknown provider ${id}`, { path: `vps.providers.${i}` });
+    return def;
+  });
+  return prune({
+    port: env.PORT,
+    host: env.HOST,
+    databaseUrl: env.DATABASE_URL,
+    redisUrl: env.REDIS_URL,
+    redisPrefix: env.REDIS_PREFIX,
+    dataDir: env.BC_DATA_DIR,
+    operatorToken: env.OPERATOR_TOKEN,
+    sealKey: env.SEAL_KEY,
+    logLevel: env.LOG_LEVEL,
+    hosts: prune({
+      lostGraceMs: env.NODE_LOST_GRACE_MS,
+      orphanGraceMs: env.ORPHAN_GRACE_MS,
+      sweepMs: env.RECONCILE_SWEEP_MS,
+      maxRecreateAttempts: env.MAX_RECREATE_ATTEMPTS,
+      joinTokenTtlSeconds: env.JOIN_TOKEN_TTL_S,
+    }),
+    live: prune({ bufferEvents: env.LIVE_BUFFER_EVENTS, keepAliveMs: env.WS_KEEPALIVE_MS, reauthMs: env.LIVE_REAUTH_MS, pollMs: env.LIVE_POLL_MS }),
+    vps: prune({ runtimes: list(env.VPS_RUNTIMES), providers, hostNetwork: env.VPS_HOST_NETWORK }),
+  });
+}
+
+function prune(o: Record<string, unknown>): Record<string, unknown> {
+  return Object.fromEntries(
+    Object.entries(o).filter(([, v]) => v !== undefined && !(typeof v === "object" && v !== null && !Array.isArray(v) && Object.keys(v).length === 0)),
+  );
+}
+
+/** Parse file + env into one Config, or throw INVALID_CONFIG naming the first offending path. */
+export function parseConfig(file: ConfigFile = {}, env: NodeJS.ProcessEnv = {}): Config {
+  const fromEnv = readEnv(env);
+  const merged = {
+    ...file,
+    ...fromEnv,
+    hosts: { ...file.hosts, ...(fromEnv.hosts as object | undefined) },
+    live: { ...file.live, ...(fromEnv.live as object | undefined) },
+    vps: { ...file.vps, ...(fromEnv.vps as object | undefined) },
+  };
+  const result = schema.safeParse(merged);
+  if (!result.success) {
+    const issue = result.error.issues[0];
+    const path = issue ? issue.path.join(".") : "";
+    throw new AppError("INVALID_CONFIG", `invalid config at ${path || "(root)"}: ${issue?.message}`, { path });
+  }
+  return result.data;
+}
+
+/**
+ * The embedded mode keeps its operator token and sealing key under the data dir, so a restart keeps working
+ * credentials and can still unseal. A deployment on PostgreSQL must pass both (the processes share them).
+ */
+export function persistentSecret(dataDir: string, name: string, make: () => string): string {
+  const dir = resolve(dataDir);
+  const file = join(dir, name);
+  if (existsSync(file)) return readFileSync(file, "utf8").trim();
+  mkdirSync(dir, { recursive: true });
+  const value = make();
+  writeFileSync(file, `${value}\n`, { mode: 0o600 });
+  return value;
+}
+
+export const newOperatorToken = () => `bco_${randomBytes(24).toString("base64url")}`;
+export const newSealKey = () => randomBytes(32).toString("base64");
