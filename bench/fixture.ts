@@ -1,7 +1,7 @@
 import { randomBytes } from "node:crypto";
-import { admitInstance } from "../core/instances/admission.ts";
 import { createFlavor } from "../core/catalog/flavors.ts";
 import { registerImage } from "../core/catalog/images.ts";
+import { admitInstance } from "../core/instances/admission.ts";
 import { createNode, createPool } from "../core/pools/pools.ts";
 import { createApiToken, createTenant } from "../core/tenancy/tenants.ts";
 import type { Platform } from "../infra/platform.ts";

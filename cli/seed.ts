@@ -1,9 +1,9 @@
-import { persistentSecret } from "../infra/config.ts";
 import { createFlavor } from "../core/catalog/flavors.ts";
-import { createJoinToken } from "../core/pools/hosted/hosts.ts";
 import { registerImage } from "../core/catalog/images.ts";
+import { createJoinToken } from "../core/pools/hosted/hosts.ts";
 import { createPool } from "../core/pools/pools.ts";
 import { createApiToken, createTenant } from "../core/tenancy/tenants.ts";
+import { persistentSecret } from "../infra/config.ts";
 import type { Platform } from "../infra/platform.ts";
 
 /**

@@ -1,6 +1,6 @@
 import { Queue, Worker } from "bullmq";
-import type { Config } from "./config.ts";
 import { type JobName, type JobPayload, jobCatalog } from "../contracts/jobs.ts";
+import type { Config } from "./config.ts";
 import type { Logger } from "./log.ts";
 
 /** The producer side of the job catalog: what the server and the reconcilers use to wake work. */

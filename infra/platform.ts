@@ -1,14 +1,14 @@
-import { type Config, newOperatorToken, newSealKey, persistentSecret } from "./config.ts";
-import type { Tx } from "./db/prisma.ts";
 import type { InstanceEventMessage } from "../contracts/channels.ts";
-import { type IdSource, randomIds } from "../core/kernel/ids.ts";
 import { type ImageResolver, tableImages } from "../core/catalog/images.ts";
-import { type Sealer, sealer } from "../core/kernel/seal.ts";
 import { prismaSql, type Sql } from "../core/kernel/db.ts";
+import { type IdSource, randomIds } from "../core/kernel/ids.ts";
+import { type Sealer, sealer } from "../core/kernel/seal.ts";
 import { ensureOperatorIdentity } from "../core/tenancy/tenants.ts";
 import { type Bus, openBus } from "./bus.ts";
+import { type Config, newOperatorToken, newSealKey, persistentSecret } from "./config.ts";
 import { type Database, openDatabase } from "./db/index.ts";
 import { migrate } from "./db/migrate.ts";
+import type { Tx } from "./db/prisma.ts";
 import { bullJobs, type Jobs, memoryJobs } from "./jobs.ts";
 import { type Logger, logger } from "./log.ts";
 

@@ -1,7 +1,7 @@
 import { z } from "zod";
-import { audit } from "../kernel/audit.ts";
-import type { Tx } from "../../infra/db/prisma.ts";
 import { AppError, invalid, notFound } from "../../contracts/errors.ts";
+import type { Tx } from "../../infra/db/prisma.ts";
+import { audit } from "../kernel/audit.ts";
 import type { IdSource } from "../kernel/ids.ts";
 import { parseInput, shape } from "./shapes.ts";
 

@@ -1,10 +1,10 @@
 import { z } from "zod";
-import type { Tx } from "../../infra/db/prisma.ts";
 import { forbidden } from "../../contracts/errors.ts";
-import type { IdSource } from "../kernel/ids.ts";
+import type { Tx } from "../../infra/db/prisma.ts";
 import type { Principal } from "../auth/principal.ts";
-import { parseInput } from "./shapes.ts";
 import type { Sql } from "../kernel/db.ts";
+import type { IdSource } from "../kernel/ids.ts";
+import { parseInput } from "./shapes.ts";
 
 export type ImageFormat = "raw" | "qcow2" | "iso";
 

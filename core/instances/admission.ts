@@ -1,15 +1,15 @@
 import { z } from "zod";
-import { AppError, invalid, notFound } from "../../contracts/errors.ts";
 import type { InstanceEventMessage } from "../../contracts/channels.ts";
-import { type IdSource, instanceId, sha256Hex } from "../kernel/ids.ts";
+import { AppError, invalid, notFound } from "../../contracts/errors.ts";
 import type { ImageResolver, ResolvedImage } from "../catalog/images.ts";
-import { eventMessage, type InstanceRow } from "./changes.ts";
+import { chargeOf, parseInput, type Shape, shape as shapeSchema } from "../catalog/shapes.ts";
+import { INSTANCE_COLUMNS, type Sql } from "../kernel/db.ts";
+import { type IdSource, instanceId, sha256Hex } from "../kernel/ids.ts";
+import type { Sealer } from "../kernel/seal.ts";
 import { leaseAddress } from "../pools/hosted/leases.ts";
 import { type Placement, place } from "../pools/hosted/placement.ts";
 import { chargeQuota } from "../tenancy/quota.ts";
-import type { Sealer } from "../kernel/seal.ts";
-import { chargeOf, parseInput, type Shape, shape as shapeSchema } from "../catalog/shapes.ts";
-import { INSTANCE_COLUMNS, type Sql } from "../kernel/db.ts";
+import { eventMessage, type InstanceRow } from "./changes.ts";
 import { sshPublicKey } from "./ssh.ts";
 
 export const MAX_USER_DATA = 64 * 1024;

@@ -1,15 +1,15 @@
-import type { Instance } from "../../prisma/generated/client.ts";
-import { AppError, invalid, notFound } from "../../contracts/errors.ts";
 import type { InstanceEventMessage } from "../../contracts/channels.ts";
-import { bumpSpecs, HELD_STATES } from "../pools/hosted/hosts.ts";
-import type { IdSource } from "../kernel/ids.ts";
-import { releaseLease } from "../pools/hosted/leases.ts";
-import { place, releaseAllocation } from "../pools/hosted/placement.ts";
+import { AppError, invalid, notFound } from "../../contracts/errors.ts";
+import type { Instance } from "../../prisma/generated/client.ts";
 import { type Principal, visibleTo } from "../auth/principal.ts";
-import { type Charge, chargeQuota, releaseQuota } from "../tenancy/quota.ts";
-import { specPower } from "./decide.ts";
 import { chargeOf, gpuCount, parseInput, type Shape, shape as shapeSchema } from "../catalog/shapes.ts";
 import { INSTANCE_COLUMNS, type Sql } from "../kernel/db.ts";
+import type { IdSource } from "../kernel/ids.ts";
+import { bumpSpecs, HELD_STATES } from "../pools/hosted/hosts.ts";
+import { releaseLease } from "../pools/hosted/leases.ts";
+import { place, releaseAllocation } from "../pools/hosted/placement.ts";
+import { type Charge, chargeQuota, releaseQuota } from "../tenancy/quota.ts";
+import { specPower } from "./decide.ts";
 import { assertTransition, type DesiredState, type InstanceState } from "./state.ts";
 
 export type InstanceRow = Instance;

@@ -1,7 +1,7 @@
 import { invalid, notFound } from "../../contracts/errors.ts";
-import type { InstanceRow } from "./changes.ts";
 import { type Principal, requireRead, visibleTo } from "../auth/principal.ts";
 import { INSTANCE_COLUMNS, type Sql } from "../kernel/db.ts";
+import type { InstanceRow } from "./changes.ts";
 
 /**
  * Watching instances: which events a subscriber may see, and reading them from the event table in commit

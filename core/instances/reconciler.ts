@@ -1,10 +1,10 @@
 import { isAppError } from "../../contracts/errors.ts";
-import type { IdSource } from "../kernel/ids.ts";
-import { type Change, type InstanceRow, type InstanceSet, lockInstance, transition, writeChange } from "./changes.ts";
-import { place, releaseAllocation } from "../pools/hosted/placement.ts";
-import { decide, type Situation } from "./decide.ts";
 import type { Shape } from "../catalog/shapes.ts";
 import type { Sql } from "../kernel/db.ts";
+import type { IdSource } from "../kernel/ids.ts";
+import { place, releaseAllocation } from "../pools/hosted/placement.ts";
+import { type Change, type InstanceRow, type InstanceSet, lockInstance, transition, writeChange } from "./changes.ts";
+import { decide, type Situation } from "./decide.ts";
 import type { DesiredState, InstanceState } from "./state.ts";
 
 export interface ReconcilerDeps {

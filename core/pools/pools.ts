@@ -1,13 +1,13 @@
 import { z } from "zod";
-import { audit } from "../kernel/audit.ts";
-import type { Tx } from "../../infra/db/prisma.ts";
 import { AppError, invalid, notFound } from "../../contracts/errors.ts";
+import type { Tx } from "../../infra/db/prisma.ts";
+import { gpuClaim, parseInput } from "../catalog/shapes.ts";
+import { audit } from "../kernel/audit.ts";
+import { prismaSql } from "../kernel/db.ts";
 import type { IdSource } from "../kernel/ids.ts";
 import { leasableCount, parseRange } from "./hosted/ipam.ts";
 import { createAddresses } from "./hosted/leases.ts";
 import type { ProviderDefinition } from "./provider/contract.ts";
-import { gpuClaim, parseInput } from "../catalog/shapes.ts";
-import { prismaSql } from "../kernel/db.ts";
 
 const name = z
   .string()

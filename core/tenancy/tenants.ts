@@ -1,15 +1,15 @@
 import { randomBytes, timingSafeEqual } from "node:crypto";
 import { z } from "zod";
-import { audit } from "../kernel/audit.ts";
-import type { Tx } from "../../infra/db/prisma.ts";
 import { AppError, invalid, notFound } from "../../contracts/errors.ts";
-import { nodeForCredential } from "../pools/hosted/hosts.ts";
-import { type IdSource, sha256Hex } from "../kernel/ids.ts";
+import type { Tx } from "../../infra/db/prisma.ts";
 import type { Principal } from "../auth/principal.ts";
-import { ensureUsageRows, type QuotaInput, quotaRows, SCALAR_RESOURCES } from "./quota.ts";
 import { isScope, type Scope, tenantScopes } from "../auth/scopes.ts";
 import { gpuClaim, parseInput } from "../catalog/shapes.ts";
+import { audit } from "../kernel/audit.ts";
 import { prismaSql } from "../kernel/db.ts";
+import { type IdSource, sha256Hex } from "../kernel/ids.ts";
+import { nodeForCredential } from "../pools/hosted/hosts.ts";
+import { ensureUsageRows, type QuotaInput, quotaRows, SCALAR_RESOURCES } from "./quota.ts";
 
 const name = z
   .string()

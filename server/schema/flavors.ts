@@ -1,5 +1,5 @@
-import { createFlavor, deleteFlavor, updateFlavor } from "../../core/catalog/flavors.ts";
 import { requireOperator, requireRead } from "../../core/auth/principal.ts";
+import { createFlavor, deleteFlavor, updateFlavor } from "../../core/catalog/flavors.ts";
 import type { Flavor as FlavorRow } from "../../prisma/generated/client.ts";
 import { writeCtx } from "../context.ts";
 import { builder, GpuCount, GpuCountInput } from "./builder.ts";

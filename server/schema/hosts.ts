@@ -1,8 +1,8 @@
 import { z } from "zod";
-import { buildNodeSpec, createJoinToken, declareNodeGone, joinNode, recordReport } from "../../core/pools/hosted/hosts.ts";
-import { requireAuth, requireNode, requireOperator } from "../../core/auth/principal.ts";
 import { statusReport } from "../../contracts/host.ts";
+import { requireAuth, requireNode, requireOperator } from "../../core/auth/principal.ts";
 import { parseInput } from "../../core/catalog/shapes.ts";
+import { buildNodeSpec, createJoinToken, declareNodeGone, joinNode, recordReport } from "../../core/pools/hosted/hosts.ts";
 import type { Context } from "../context.ts";
 import { builder } from "./builder.ts";
 

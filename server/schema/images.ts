@@ -1,5 +1,5 @@
-import { registerImage } from "../../core/catalog/images.ts";
 import { requireAuth, requireRead } from "../../core/auth/principal.ts";
+import { registerImage } from "../../core/catalog/images.ts";
 import type { Image as ImageRow } from "../../prisma/generated/client.ts";
 import { builder } from "./builder.ts";
 

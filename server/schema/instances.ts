@@ -1,7 +1,7 @@
-import { admitInstance } from "../../core/instances/admission.ts";
 import { invalid } from "../../contracts/errors.ts";
-import { type InstanceRow, resizeInstance, setDesiredState } from "../../core/instances/changes.ts";
 import { requireRead, requireTenantScope, visibleTo } from "../../core/auth/principal.ts";
+import { admitInstance } from "../../core/instances/admission.ts";
+import { type InstanceRow, resizeInstance, setDesiredState } from "../../core/instances/changes.ts";
 import { type DesiredState as Desired, desiredStates, instanceStates } from "../../core/instances/state.ts";
 import type { Prisma } from "../../prisma/generated/client.ts";
 import { type Context, writeCtx } from "../context.ts";

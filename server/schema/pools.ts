@@ -1,6 +1,6 @@
 import { forbidden } from "../../contracts/errors.ts";
-import { createNode, createPool, createProviderAccount, deleteProviderAccount, ipamOf, setNodeCapacity, setNodeState } from "../../core/pools/pools.ts";
 import { requireOperator, requireRead } from "../../core/auth/principal.ts";
+import { createNode, createPool, createProviderAccount, deleteProviderAccount, ipamOf, setNodeCapacity, setNodeState } from "../../core/pools/pools.ts";
 import type { Pool as PoolRow, Prisma, ProviderAccount as ProviderAccountRow } from "../../prisma/generated/client.ts";
 import { writeCtx } from "../context.ts";
 import { builder, Resources } from "./builder.ts";

@@ -1,8 +1,8 @@
 import { describe, expect, it } from "vitest";
 import { z } from "zod";
-import { parseConfig } from "../../infra/config.ts";
 import { AppError } from "../../contracts/errors.ts";
 import { defineProvider, hetznerCloud } from "../../core/pools/provider/contract.ts";
+import { parseConfig } from "../../infra/config.ts";
 
 function configError(fn: () => unknown): AppError {
   try {

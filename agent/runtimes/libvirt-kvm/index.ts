@@ -4,12 +4,12 @@ import { mkdir, mkdtemp, readFile, rename, rm, writeFile } from "node:fs/promise
 import { dirname, join, resolve } from "node:path";
 import { setTimeout as sleep } from "node:timers/promises";
 import type { Capacity, InstanceSpec } from "../../../contracts/host.ts";
+import { type DomainStatus, type Runtime, RuntimeError } from "../runtime.ts";
+import { renderSeed } from "../seed.ts";
 import { type DirectBoot, type DomainType, domainXml, ownedBy } from "./domain-xml.ts";
 import { run } from "./exec.ts";
 import { detectDomainType, diskGib } from "./host.ts";
 import { ImageCache, imageInfo, refuseReferences } from "./images.ts";
-import { type DomainStatus, type Runtime, RuntimeError } from "../runtime.ts";
-import { renderSeed } from "../seed.ts";
 
 /**
  * The `libvirt-kvm` runtime: real virtual machines through libvirt and QEMU, over the Node bindings

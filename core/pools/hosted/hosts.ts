@@ -1,12 +1,12 @@
 import { createHash, randomBytes } from "node:crypto";
 import { AppError, notFound } from "../../../contracts/errors.ts";
-import { type IdSource, randomIds, sha256Hex } from "../../kernel/ids.ts";
-import { formatIpv4 } from "./ipam.ts";
 import { type Capacity, type InstanceSpec, macFor, type NodeSpec, type StatusReport } from "../../../contracts/host.ts";
 import { specPower } from "../../instances/decide.ts";
-import type { Sealer } from "../../kernel/seal.ts";
-import type { Sql } from "../../kernel/db.ts";
 import type { DesiredState, InstanceState } from "../../instances/state.ts";
+import type { Sql } from "../../kernel/db.ts";
+import { type IdSource, randomIds, sha256Hex } from "../../kernel/ids.ts";
+import type { Sealer } from "../../kernel/seal.ts";
+import { formatIpv4 } from "./ipam.ts";
 
 export interface HostSettings {
   /** A node silent for longer is `lost`, and so are the instances it runs. */

@@ -1,6 +1,6 @@
 import { AppError } from "../../../contracts/errors.ts";
-import { formatIpv4, type Range } from "./ipam.ts";
 import type { Sql } from "../../kernel/db.ts";
+import { formatIpv4, type Range } from "./ipam.ts";
 
 /** Make the address rows of a new range: every offset but network, broadcast and gateway. */
 export async function createAddresses(sql: Sql, ipPoolId: string, range: Range): Promise<void> {

@@ -1,7 +1,7 @@
 import { AppError } from "../../../contracts/errors.ts";
-import type { IdSource } from "../../kernel/ids.ts";
 import type { Shape } from "../../catalog/shapes.ts";
 import type { Sql } from "../../kernel/db.ts";
+import type { IdSource } from "../../kernel/ids.ts";
 
 export interface Placement {
   nodeId: string;
