@@ -75,3 +75,44 @@ export function macFor(instanceId: string, hash: (s: string) => string): string 
   const h = hash(instanceId);
   return `52:54:00:${h.slice(0, 2)}:${h.slice(2, 4)}:${h.slice(4, 6)}`;
 }
+
+/**
+ * Host commands: one-shot operations the desired state cannot express (a snapshot is an act, not a state).
+ * Each has an id the host keys its work and its journal by, so a command delivered twice (after an agent or a
+ * server restart) runs once; a deadline after which the host must not start it; and arguments by kind.
+ * Commands arrive on the same websocket as the spec; the host answers with CommandReports (`running` when
+ * it takes the command, then `succeeded` or `failed`), and the server's reconciler settles the result.
+ */
+export const hostCommandKinds = ["instance.snapshot", "instance.restore"] as const;
+export type HostCommandKind = (typeof hostCommandKinds)[number];
+
+const commandBase = {
+  id: z.string().regex(/^cmd_[a-z2-7]+$/),
+  /** ISO 8601: past it the host refuses to start the command (the server has given up on it by then). */
+  deadline: z.iso.datetime({ offset: true }),
+};
+const snapshotRef = z.object({
+  instanceId: z.string().regex(/^inst_[a-z2-7]{52}$/),
+  snapshotId: z.string().regex(/^snap_[a-z2-7]+$/),
+});
+
+export const hostCommand = z.discriminatedUnion("kind", [
+  /** Save the instance's memory and disk as `snapshotId`, kept on this host; the instance keeps its power state. */
+  z.object({ ...commandBase, kind: z.literal("instance.snapshot"), args: snapshotRef }),
+  /** Put the instance back to `snapshotId` (its memory and disk as saved); it runs on from there. */
+  z.object({ ...commandBase, kind: z.literal("instance.restore"), args: snapshotRef }),
+]);
+export type HostCommand = z.infer<typeof hostCommand>;
+
+/** What a command produced, by kind. */
+export const snapshotResult = z.object({ sizeBytes: z.number().int().min(0) });
+
+export const commandReport = z.object({
+  id: commandBase.id,
+  state: z.enum(["running", "succeeded", "failed"]),
+  /** succeeded: the kind's result (instance.snapshot: snapshotResult); null otherwise. */
+  result: z.record(z.string(), z.unknown()).nullable().default(null),
+  /** failed: the runtime's message. */
+  error: z.string().max(4000).nullable().default(null),
+});
+export type CommandReport = z.infer<typeof commandReport>;

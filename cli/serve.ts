@@ -1,0 +1,55 @@
+import { resolve } from "node:path";
+import { startAgent } from "../agent/index.ts";
+import { fakeRuntime } from "../agent/runtimes/registry.ts";
+import { loadConfig } from "../infra/config.ts";
+import { openPlatform } from "../infra/platform.ts";
+import { startServer } from "../server/app.ts";
+import { startWorker } from "../worker/index.ts";
+import { seedQuickStart } from "./seed.ts";
+
+/** `bc dev` and `bc server`: the API (and for dev, the worker and simulated hosts) in this process. */
+export async function serve(opts: { embedded: boolean; worker: boolean; sim: number }) {
+  const config = await loadConfig();
+  const platform = await openPlatform(config, { embedded: opts.embedded });
+  const app = await startServer(platform);
+  const worker = opts.worker ? await startWorker(platform) : null;
+  const agents: Awaited<ReturnType<typeof startAgent>>[] = [];
+  const mode = config.databaseUrl ? "PostgreSQL" : `PGlite in ${config.dataDir}`;
+  const bus = config.redisUrl ? "Redis" : "in-memory pub/sub and jobs";
+  const lines = [`Better Compute is up (${mode}; ${bus})`, `  GraphQL:  ${app.url}  (GraphiQL in a browser)`];
+  if (opts.embedded && platform.operatorToken) lines.push(`  Operator: ${platform.operatorToken}`);
+  if (opts.sim > 0) {
+    const seed = await seedQuickStart(platform, opts.sim);
+    for (let i = 1; i <= opts.sim; i++) {
+      const stateDir = resolve(config.dataDir, "sim", `host-${i}`);
+      const runtime = await fakeRuntime({ stateDir });
+      agents.push(
+        await startAgent({
+          server: app.url,
+          joinToken: seed.joinTokens[i - 1],
+          name: `sim-${i}`,
+          stateDir,
+          runtime,
+          log: (m, f) => platform.log.debug(`agent sim-${i}: ${m}`, f),
+        }),
+      );
+    }
+    lines.push(
+      `  Tenant:   ${seed.tenantToken}  (tenant "demo")`,
+      `  ${opts.sim} simulated hosts in pool "local" (${seed.poolId}); flavors small, medium, large; image ${seed.imageId}`,
+      "  Try:",
+      `    curl -s ${app.url} -H "authorization: Bearer ${seed.tenantToken}" -H 'content-type: application/json' \\`,
+      `      -d '{"query":"mutation { createInstance(input: {poolId: \\"${seed.poolId}\\", flavor: \\"small\\", imageId: \\"${seed.imageId}\\"}) { id state } }"}'`,
+    );
+  }
+  process.stdout.write(`${lines.join("\n")}\n`);
+  const stop = async () => {
+    for (const a of agents) await a.close();
+    await worker?.close();
+    await app.close();
+    await platform.close();
+    process.exit(0);
+  };
+  process.once("SIGINT", stop);
+  process.once("SIGTERM", stop);
+}
