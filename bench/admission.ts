@@ -27,15 +27,14 @@ async function run() {
     const deps = admissionDeps(platform);
     const core = await closedLoop(c, args.seconds, async (i, n) => {
       const t = fx.tenants[i] as (typeof fx.tenants)[number];
-      await platform.write(async (sql, emit) => {
-        const a = await admitInstance(
-          sql,
+      await platform.write({ actor: t.apiToken.identityId, action: "createInstance" }, (w) =>
+        admitInstance(
+          w,
           deps,
-          { identityId: t.identity.id, tenantId: t.tenant.id },
+          { identityId: t.apiToken.identityId, tenantId: t.tenant.id },
           { poolId: fx.poolId, flavor: "small", imageId: fx.imageId, idempotencyKey: `core-${n}` },
-        );
-        emit(a);
-      });
+        ),
+      );
     });
     console.log(
       `admission, core transaction:      ${core.perSecond.toFixed(0)} creates/s  ratio ${(core.perSecond / pgbench).toFixed(3)}  p50 ${core.p50.toFixed(1)} ms  p99 ${core.p99.toFixed(1)} ms  errors ${core.errors}`,

@@ -37,7 +37,8 @@ async function once(n: number) {
       }),
     );
   }
-  const running = () => api.platform.db.prisma.instance.count({ where: { state: "running" } });
+  const running = async () =>
+    (await api.platform.read((sql) => sql.query<{ n: number }>(`SELECT count(*)::int AS n FROM instances WHERE state = 'running'`)))[0]?.n ?? 0;
   await api.hostsReported(hosts);
 
   const start = performance.now();

@@ -14,7 +14,7 @@ import { type ChildProcess, execFileSync, spawn } from "node:child_process";
 import { readFileSync } from "node:fs";
 import { createClient as createGraphqlWs } from "graphql-ws";
 import { WebSocket } from "ws";
-import { setDesiredState } from "../core/instances/changes.ts";
+import { setDesiredState } from "../core/instances/lifecycle.ts";
 import { hostedFixture } from "./fixture.ts";
 import { benchArgs, benchPlatform, percentile } from "./lib.ts";
 
@@ -128,7 +128,7 @@ async function run() {
     if (wait > 0) await new Promise((r) => setTimeout(r, wait));
     const id = fx.instanceIds[n % fx.instanceIds.length] as string;
     const desired = Math.floor(n / fx.instanceIds.length) % 2 === 0 ? "stopped" : "running";
-    await platform.write(async (sql, emit) => emit(await setDesiredState(sql, who, id, desired, { actor: "bench", now: new Date() })));
+    await platform.write({ actor: "bench", action: "stopInstance" }, (w) => setDesiredState(w, who, id, desired));
   }
   const expected = total * args.subscribers;
   for (const end = Date.now() + 60_000; received < expected && Date.now() < end; ) await new Promise((r) => setTimeout(r, 50));

@@ -1,9 +1,11 @@
 import { randomBytes } from "node:crypto";
+import { createApiToken } from "../core/auth/tokens.ts";
 import { createFlavor } from "../core/catalog/flavors.ts";
 import { registerImage } from "../core/catalog/images.ts";
-import { admitInstance } from "../core/instances/admission.ts";
-import { createNode, createPool } from "../core/pools/pools.ts";
-import { createApiToken, createTenant } from "../core/tenancy/tenants.ts";
+import { type AdmissionDeps, admitInstance } from "../core/instances/admission.ts";
+import { createNode } from "../core/pools/hosted/nodes.ts";
+import { createPool } from "../core/pools/pools.ts";
+import { createTenant } from "../core/tenancy/tenants.ts";
 import type { Platform } from "../infra/platform.ts";
 
 /**
@@ -12,46 +14,41 @@ import type { Platform } from "../infra/platform.ts";
  * (owned by the first tenant).
  */
 export async function hostedFixture(platform: Platform, opts: { nodes?: number; tenants?: number; instances?: number }) {
-  const ctx = { ids: platform.ids, actor: "bench", now: platform.now() };
-  const fx = await platform.transact(async (tx) => {
-    const pool = await createPool(tx, { ...ctx, runtime: "libvirt-kvm" }, { name: "bench", class: "vps-host", ipv4Range: "10.200.0.0/16" });
+  const fx = await platform.write({ actor: "bench" }, async (w) => {
+    const pool = await createPool(w, { name: "bench", class: "vps-host", ipv4Range: "10.200.0.0/16" }, { runtimes: ["libvirt-kvm"] });
     for (let i = 0; i < (opts.nodes ?? 1); i++)
-      await createNode(tx, ctx, { poolId: pool.id, name: `n${i}`, capacity: { vcpus: 4096, memoryMib: 4_194_304, diskGib: 100_000 } });
-    await createFlavor(tx, ctx, { poolId: pool.id, name: "small", vcpus: 1, memoryMib: 512, diskGib: 5 });
+      await createNode(w, { poolId: pool.id, name: `n${i}`, capacity: { vcpus: 4096, memoryMib: 4_194_304, diskGib: 100_000 } });
+    await createFlavor(w, { poolId: pool.id, name: "small", vcpus: 1, memoryMib: 512, diskGib: 5 });
     const image = await registerImage(
-      tx,
-      platform.ids,
+      w,
       { identityId: "bench", tenantId: null, operator: true, scopes: new Set() },
       { name: "img", source: "https://images.invalid/i.qcow2", sha256: "a".repeat(64), format: "qcow2", public: true },
     );
     const tenants = [];
     for (let i = 0; i < Math.max(1, opts.tenants ?? 1); i++) {
-      const t = await createTenant(tx, ctx, { name: `bench-${i}` });
-      tenants.push({ tenant: t, ...(await createApiToken(tx, ctx, { tenantId: t.id, name: "bench" })) });
+      const tenant = await createTenant(w, { name: `bench-${i}` });
+      tenants.push({ tenant, ...(await createApiToken(w, { tenantId: tenant.id, name: "bench" })) });
     }
     return { poolId: pool.id, imageId: image.id, tenants };
   });
   const instanceIds: string[] = [];
   const owner = fx.tenants[0] as (typeof fx.tenants)[number];
   for (let i = 0; i < (opts.instances ?? 0); i++) {
-    const admitted = await platform.write((sql) =>
+    const inst = await platform.write({ actor: owner.apiToken.identityId, action: "createInstance" }, (w) =>
       admitInstance(
-        sql,
+        w,
         admissionDeps(platform),
-        { identityId: owner.identity.id, tenantId: owner.tenant.id },
+        { identityId: owner.apiToken.identityId, tenantId: owner.tenant.id },
         { poolId: fx.poolId, flavor: "small", imageId: fx.imageId, idempotencyKey: `fixture-${i}` },
       ),
     );
-    instanceIds.push(admitted.instance.id);
+    instanceIds.push(inst.id);
   }
   return { ...fx, instanceIds };
 }
 
-export const admissionDeps = (platform: Platform) => ({
-  ids: platform.ids,
-  images: platform.images,
+export const admissionDeps = (platform: Platform): AdmissionDeps => ({
+  ...platform.drivers,
   sealer: platform.sealer,
-  runtimes: ["libvirt-kvm"],
-  now: platform.now,
   newIdempotencyKey: () => randomBytes(8).toString("hex"),
 });

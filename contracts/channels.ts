@@ -19,6 +19,8 @@ export const channels = {
   }),
   /** A node's desired set changed; keyed by node id, so each agent hears only its own. */
   nodeSpecs: z.object({ nodeId: z.string(), generation: z.number().int() }),
+  /** A node has host commands to fetch; keyed by node id like its specs. */
+  hostCommands: z.object({ nodeId: z.string() }),
   /** A credential stopped being valid (`tok:<id>`, `node:<id>`): connections authenticated by it are closed. */
   credentialsRevoked: z.object({ key: z.string() }),
 } as const;

@@ -1,11 +1,16 @@
 import { z } from "zod";
-import type { Config } from "../infra/config.ts";
 
 /**
  * Every job the platform runs, in one list: its payload, how it is deduplicated, how it retries, and for
  * periodic ones how often. Producers (the server, the reconcilers) and the worker both read this list, so a
  * job cannot be enqueued in a shape nobody handles.
  */
+
+/** The deployment settings schedules read (a structural slice of the platform's config). */
+interface Settings {
+  hosts: { sweepMs: number };
+}
+
 export const jobCatalog = {
   /** Reconcile one instance toward its desired state. One job per instance: a burst of changes is one run. */
   "vps.instances": {
@@ -18,7 +23,8 @@ export const jobCatalog = {
   },
   /**
    * The safety net: silent nodes become lost, orphans past their grace are removed, specs an agent has not
-   * acknowledged are sent again, and every instance not at rest is woken. A lost wake-up only delays.
+   * acknowledged are sent again, host commands past their deadline are settled, and every instance not at
+   * rest is woken. A lost wake-up only delays.
    */
   "vps.sweep": {
     payload: z.object({}),
@@ -26,7 +32,7 @@ export const jobCatalog = {
     attempts: 1,
     backoffMs: 1000,
     concurrency: 1,
-    everyMs: (c: Config) => c.hosts.sweepMs,
+    everyMs: (c: Settings) => c.hosts.sweepMs,
   },
 } as const;
 

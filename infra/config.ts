@@ -1,11 +1,11 @@
-import { randomBytes } from "node:crypto";
-import { existsSync, mkdirSync, readFileSync, writeFileSync } from "node:fs";
-import { join, resolve } from "node:path";
+import { existsSync } from "node:fs";
+import { resolve } from "node:path";
 import { pathToFileURL } from "node:url";
 import { z } from "zod";
 import { AppError } from "../contracts/errors.ts";
 import type { ImageResolver } from "../core/catalog/images.ts";
-import { builtinProviders, type ProviderDefinition } from "../core/pools/provider/contract.ts";
+import type { ProviderDefinition } from "../core/pools/provider/contract.ts";
+import { builtinProviders } from "../providers/index.ts";
 
 /** Resolves a SecretRef (`env:NAME`) from a provider account's config to its value. */
 export interface SecretResolver {
@@ -25,7 +25,14 @@ export interface ConfigFile {
   databaseUrl?: string;
   redisUrl?: string;
   dataDir?: string;
-  hosts?: { lostGraceMs?: number; orphanGraceMs?: number; sweepMs?: number; maxRecreateAttempts?: number; joinTokenTtlSeconds?: number };
+  hosts?: {
+    lostGraceMs?: number;
+    orphanGraceMs?: number;
+    sweepMs?: number;
+    maxRecreateAttempts?: number;
+    joinTokenTtlSeconds?: number;
+    commandTimeoutMs?: number;
+  };
   live?: { bufferEvents?: number; keepAliveMs?: number; reauthMs?: number; pollMs?: number };
   vps?: {
     runtimes?: string[];
@@ -81,6 +88,8 @@ const schema = z.object({
       /** Hosts tried before an instance that no host can create is left in error. */
       maxRecreateAttempts: z.coerce.number().int().min(1).max(20).default(3),
       joinTokenTtlSeconds: z.coerce.number().int().min(10).default(3600),
+      /** How long a host has to finish a command (a snapshot, a restore) before it is given up. */
+      commandTimeoutMs: z.coerce.number().int().min(1000).default(3_600_000),
     })
     .prefault({}),
   /** Subscriptions: what a live connection may cost the server. */
@@ -152,6 +161,7 @@ export function readEnv(env: NodeJS.ProcessEnv): Record<string, unknown> {
       sweepMs: env.RECONCILE_SWEEP_MS,
       maxRecreateAttempts: env.MAX_RECREATE_ATTEMPTS,
       joinTokenTtlSeconds: env.JOIN_TOKEN_TTL_S,
+      commandTimeoutMs: env.HOST_COMMAND_TIMEOUT_MS,
     }),
     live: prune({ bufferEvents: env.LIVE_BUFFER_EVENTS, keepAliveMs: env.WS_KEEPALIVE_MS, reauthMs: env.LIVE_REAUTH_MS, pollMs: env.LIVE_POLL_MS }),
     vps: prune({ runtimes: list(env.VPS_RUNTIMES), providers, hostNetwork: env.VPS_HOST_NETWORK }),
@@ -182,23 +192,6 @@ export function parseConfig(file: ConfigFile = {}, env: NodeJS.ProcessEnv = {}):
   }
   return result.data;
 }
-
-/**
- * The embedded mode keeps its operator token and sealing key under the data dir, so a restart keeps working
- * credentials and can still unseal. A deployment on PostgreSQL must pass both (the processes share them).
- */
-export function persistentSecret(dataDir: string, name: string, make: () => string): string {
-  const dir = resolve(dataDir);
-  const file = join(dir, name);
-  if (existsSync(file)) return readFileSync(file, "utf8").trim();
-  mkdirSync(dir, { recursive: true });
-  const value = make();
-  writeFileSync(file, `${value}\n`, { mode: 0o600 });
-  return value;
-}
-
-export const newOperatorToken = () => `bco_${randomBytes(24).toString("base64url")}`;
-export const newSealKey = () => randomBytes(32).toString("base64");
 
 const CANDIDATES = ["compute.config.ts", "compute.config.mjs", "compute.config.js"];
 

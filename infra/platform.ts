@@ -1,25 +1,17 @@
-import type { InstanceEventMessage } from "../contracts/channels.ts";
+import { ensureOperatorIdentity, newOperatorToken } from "../core/auth/tokens.ts";
 import { type ImageResolver, tableImages } from "../core/catalog/images.ts";
-import { prismaSql, type Sql } from "../core/kernel/db.ts";
+import type { Sql } from "../core/kernel/db.ts";
 import { type IdSource, randomIds } from "../core/kernel/ids.ts";
-import { type Sealer, sealer } from "../core/kernel/seal.ts";
-import { ensureOperatorIdentity } from "../core/tenancy/tenants.ts";
+import { newSealKey, type Sealer, sealer } from "../core/kernel/seal.ts";
+import { finishWrite, Write, type WriteOptions } from "../core/kernel/write.ts";
+import type { DriverDeps } from "../core/pools/driver.ts";
 import { type Bus, openBus } from "./bus.ts";
-import { type Config, newOperatorToken, newSealKey, persistentSecret } from "./config.ts";
+import type { Config } from "./config.ts";
+import { persistentSecret } from "./data-dir.ts";
 import { type Database, openDatabase } from "./db/index.ts";
 import { migrate } from "./db/migrate.ts";
-import type { Tx } from "./db/prisma.ts";
 import { bullJobs, type Jobs, memoryJobs } from "./jobs.ts";
 import { type Logger, logger } from "./log.ts";
-
-/** What a committed change announces: its instance event, the nodes whose spec it changed, credentials it revoked. */
-export interface Emission {
-  event: InstanceEventMessage | null;
-  specs?: { nodeId: string; generation: number }[];
-  /** Credential keys (`tok:<id>`, `node:<id>`) whose live connections must end. */
-  revoked?: string[];
-}
-export type Emit = (e: Emission | null) => void;
 
 /** Everything a process of the platform shares: one per server, worker or dev process. */
 export interface Platform {
@@ -33,13 +25,16 @@ export interface Platform {
   now: () => Date;
   log: Logger;
   operatorToken: string | undefined;
+  /** What pool drivers need of the deployment. */
+  drivers: DriverDeps;
   /**
-   * Run `fn` in one transaction; after it commits, publish the events it produced and wake the reconciler for
-   * their instances. Nothing is published for a transaction that rolls back.
+   * The write path: run `fn` as one Write (one transaction), then apply what it recorded — publish its
+   * events and spec changes, wake the reconciler, end revoked connections, tell hosts of new commands.
+   * Nothing is applied for a write that rolls back; deadlocks and serialisation failures are retried.
    */
-  transact<T>(fn: (tx: Tx, emit: Emit) => Promise<T>): Promise<T>;
-  /** The same on plain SQL: the instance domain's hot path (see core/sql.ts). */
-  write<T>(fn: (sql: Sql, emit: Emit) => Promise<T>): Promise<T>;
+  write<T>(opts: WriteOptions, fn: (w: Write) => Promise<T>): Promise<T>;
+  /** Reads outside a transaction. */
+  read<T>(fn: (sql: Sql) => Promise<T>): Promise<T>;
   close(): Promise<void>;
 }
 
@@ -52,7 +47,7 @@ export interface PlatformOptions {
   db?: Database;
 }
 
-const RETRYABLE = new Set(["P2034", "40001", "40P01"]);
+const RETRYABLE = new Set(["40001", "40P01"]);
 
 export async function openPlatform(config: Config, opts: PlatformOptions = {}): Promise<Platform> {
   const log = logger(config.logLevel);
@@ -69,80 +64,62 @@ export async function openPlatform(config: Config, opts: PlatformOptions = {}): 
       onIdleError: (e) => log.warn("idle database connection lost", { err: e.message }),
     }));
   await db.session((sql) => migrate(sql));
-  await db.prisma.$transaction((tx) => ensureOperatorIdentity(tx));
+  await db.transaction((sql) => ensureOperatorIdentity(sql));
   const bus = await openBus({ redisUrl: config.redisUrl, prefix: config.redisPrefix });
   const jobs = config.redisUrl ? bullJobs({ redisUrl: config.redisUrl, prefix: config.redisPrefix }) : memoryJobs();
+  const ids = opts.ids ?? randomIds;
+  const now = opts.now ?? (() => new Date());
+  const images = config.vps.images ?? tableImages;
 
-  const platform: Platform = {
+  /** Publishing and waking are hints: a failure here delays convergence (the sweep re-finds it), never loses state. */
+  async function apply(w: Write): Promise<void> {
+    try {
+      for (const [nodeId, generation] of w.specs) bus.publish("nodeSpecs", { nodeId, generation }, nodeId);
+      for (const nodeId of w.commandNodes) bus.publish("hostCommands", { nodeId }, nodeId);
+      for (const key of w.revoked) bus.publish("credentialsRevoked", { key });
+      for (const e of w.events) bus.publish("instanceEvents", e);
+      for (const instanceId of w.wakes) await jobs.enqueue("vps.instances", { instanceId });
+    } catch (err) {
+      log.warn("after-commit effects failed", { actor: w.actor, err: String(err) });
+    }
+  }
+
+  return {
     config,
     db,
     bus,
     jobs,
     sealer: sealer(sealKey),
-    images: config.vps.images ?? tableImages,
-    ids: opts.ids ?? randomIds,
-    now: opts.now ?? (() => new Date()),
+    images,
+    ids,
+    now,
     log,
     operatorToken,
-    transact: (fn) =>
-      withRetry((emit, emitted) =>
-        db.prisma.$transaction(async (tx) => sequenced(prismaSql(tx), emitted, await fn(tx, emit)), { maxWait: 30_000, timeout: 30_000 }),
-      ),
-    write: (fn) => withRetry((emit, emitted) => db.transaction(async (sql) => sequenced(sql, emitted, await fn(sql, emit)))),
+    drivers: { images, runtimes: config.vps.runtimes, maxRecreateAttempts: config.hosts.maxRecreateAttempts },
+    async write(wopts, fn) {
+      for (let attempt = 1; ; attempt++) {
+        try {
+          const [result, w] = await db.transaction(async (sql) => {
+            const w = new Write(sql, ids, now(), wopts);
+            const result = await fn(w);
+            await finishWrite(w);
+            return [result, w] as const;
+          });
+          await apply(w);
+          return result;
+        } catch (e) {
+          // Deadlocks and serialisation failures are the database asking for a retry, not a user error.
+          const code = (e as { code?: string }).code;
+          if (attempt < 4 && code && RETRYABLE.has(code)) continue;
+          throw e;
+        }
+      }
+    },
+    read: (fn) => db.read(fn),
     async close() {
       await jobs.close();
       await bus.close();
       await db.close();
     },
   };
-
-  /** Run a transaction, retrying what the database asks to retry; after commit, publish what it emitted. */
-  async function withRetry<T>(run: (emit: Emit, emitted: Emission[]) => Promise<T>): Promise<T> {
-    for (let attempt = 1; ; attempt++) {
-      const emitted: Emission[] = [];
-      try {
-        const result = await run((e) => {
-          if (e) emitted.push(e);
-        }, emitted);
-        for (const e of emitted) await afterCommit(e);
-        return result;
-      } catch (e) {
-        // Deadlocks and serialisation failures are the database asking for a retry, not a user error.
-        const code = (e as { code?: string }).code;
-        if (attempt < 4 && code && RETRYABLE.has(code)) continue;
-        throw e;
-      }
-    }
-  }
-
-  /**
-   * The transaction's last statement: give its events their positions in commit order (the function holds a
-   * lock through COMMIT; see the live_positions migration). Cursors are positions, so they are set here.
-   */
-  async function sequenced<T>(sql: Sql, emitted: Emission[], result: T): Promise<T> {
-    const events = emitted.flatMap((e) => (e.event ? [e.event] : []));
-    if (!events.length) return result;
-    const rows = await sql.query<{ id: string; position: string }>(
-      `SELECT id::text AS id, position::text AS position FROM sequence_instance_events($1::bigint[])`,
-      [events.map((e) => e.cursor)],
-    );
-    const positions = new Map(rows.map((r) => [r.id, r.position]));
-    for (const e of events) e.cursor = positions.get(e.cursor) as string;
-    return result;
-  }
-
-  /** Publishing and waking are hints: a failure here delays convergence (the sweep re-finds it), never loses state. */
-  async function afterCommit(e: Emission) {
-    try {
-      for (const spec of e.specs ?? []) bus.publish("nodeSpecs", spec, spec.nodeId);
-      for (const key of e.revoked ?? []) bus.publish("credentialsRevoked", { key });
-      if (e.event) {
-        bus.publish("instanceEvents", e.event);
-        await jobs.enqueue("vps.instances", { instanceId: e.event.instanceId });
-      }
-    } catch (err) {
-      log.warn("after-commit effects failed", { instanceId: e.event?.instanceId, err: String(err) });
-    }
-  }
-  return platform;
 }

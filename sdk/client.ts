@@ -1,20 +1,10 @@
 import type { TypedDocumentNode } from "@graphql-typed-document-node/core";
 import { type DocumentNode, print } from "graphql";
 
+export * from "./errors.ts";
 export * from "./generated.ts";
 
-/** A GraphQL error as the API reports it; `code` is its `extensions.code` (API.md). */
-export class SdkError extends Error {
-  readonly code: string;
-  readonly errors: { message: string; path?: (string | number)[]; extensions?: Record<string, unknown> }[];
-  constructor(errors: SdkError["errors"], status?: number) {
-    const first = errors[0];
-    super(first ? `${first.extensions?.code ?? "ERROR"}: ${first.message}` : `HTTP ${status}`);
-    this.name = "SdkError";
-    this.code = String(first?.extensions?.code ?? (status ? `HTTP_${status}` : "UNKNOWN"));
-    this.errors = errors;
-  }
-}
+import { SdkError } from "./errors.ts";
 
 export interface ClientOptions {
   /** The GraphQL endpoint, e.g. http://127.0.0.1:4000/graphql */

@@ -1,6 +1,6 @@
 import type { TypedDocumentNode } from "@graphql-typed-document-node/core";
 import { print } from "graphql";
-import { SdkError } from "./client.ts";
+import { SdkError } from "./errors.ts";
 import { InstanceChangedDocument, type InstanceEventFieldsFragment, InstanceEventsDocument } from "./generated.ts";
 
 export interface WatchOptions {

@@ -5,8 +5,8 @@ import { useServer } from "graphql-ws/use/ws";
 import { createYoga, type Plugin } from "graphql-yoga";
 import { WebSocketServer } from "ws";
 import { AppError, isAppError } from "../contracts/errors.ts";
+import { authenticate } from "../core/auth/authenticate.ts";
 import type { Principal } from "../core/auth/principal.ts";
-import { authenticate } from "../core/tenancy/tenants.ts";
 import type { Platform } from "../infra/platform.ts";
 import type { Context } from "./context.ts";
 import { asInvalidInput, toClientError } from "./errors.ts";
@@ -24,7 +24,7 @@ export interface App {
 async function principalFor(platform: Platform, authorization: string | undefined | null): Promise<Principal | null> {
   if (!authorization) return null;
   const m = /^Bearer\s+(\S+)$/i.exec(authorization);
-  const who = m ? await authenticate(platform.db.prisma, m[1] as string, platform.operatorToken, platform.now()) : null;
+  const who = m ? await platform.read((sql) => authenticate(sql, m[1] as string, platform.operatorToken, platform.now())) : null;
   // A credential that is wrong is an error, not an anonymous call: clients learn at once that it is bad.
   if (!who) throw new AppError("UNAUTHENTICATED", "the bearer token is unknown, expired or revoked");
   return who;
@@ -87,7 +87,7 @@ export async function startServer(platform: Platform, opts: { port?: number; hos
     if (path === "/healthz") return void res.writeHead(200, { "content-type": "text/plain" }).end("ok\n");
     if (path === "/readyz") {
       try {
-        await platform.db.prisma.$queryRaw`SELECT 1`;
+        await platform.read((sql) => sql.query("SELECT 1"));
         return void res.writeHead(200, { "content-type": "text/plain" }).end("ready\n");
       } catch {
         return void res.writeHead(503, { "content-type": "text/plain" }).end("database unavailable\n");

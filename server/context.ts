@@ -1,4 +1,6 @@
+import type { GraphQLResolveInfo } from "graphql";
 import type { Principal } from "../core/auth/principal.ts";
+import type { Write } from "../core/kernel/write.ts";
 import type { Platform } from "../infra/platform.ts";
 import type { LiveConnection, LiveHub } from "./live/hub.ts";
 
@@ -10,10 +12,10 @@ export interface Context {
   live?: { hub: LiveHub; conn: LiveConnection };
 }
 
-/** The fields every core write takes from the request. */
-export const writeCtx = (ctx: Context) => ({
-  ids: ctx.platform.ids,
-  actor: ctx.principal?.identityId ?? "anonymous",
-  now: ctx.platform.now(),
-  requestId: ctx.requestId,
-});
+/**
+ * A mutation's body, run on the write path as the caller, with the mutation's own field name as its audit
+ * action: every mutation resolver goes through here, so none can write without an audit row.
+ */
+export function mutate<T>(ctx: Context, info: GraphQLResolveInfo, fn: (w: Write) => Promise<T>): Promise<T> {
+  return ctx.platform.write({ actor: ctx.principal?.identityId ?? "anonymous", requestId: ctx.requestId, action: info.fieldName }, fn);
+}

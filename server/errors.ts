@@ -22,8 +22,8 @@ export function toClientError(error: unknown, log: Logger, requestId: string): G
   }
   // graphql's own errors outside any resolver (variable coercion: an unknown enum value, a missing field).
   if (isGraphQLErrorLike(original) && !path) return asInvalidInput(original);
-  const prismaCode = (original as { code?: unknown })?.code;
-  if (prismaCode === "P2002") return new GraphQLError("already exists", { path, extensions: { code: "CONFLICT" } });
+  // A unique key another request took between our check and our insert.
+  if ((original as { code?: unknown })?.code === "23505") return new GraphQLError("already exists", { path, extensions: { code: "CONFLICT" } });
   if (original instanceof Error && original.name === "IllegalTransition") {
     return new GraphQLError(original.message, { path, extensions: { code: "PRECONDITION_FAILED" } });
   }

@@ -1,90 +1,94 @@
 import { z } from "zod";
-import { AppError, invalid, notFound } from "../../contracts/errors.ts";
-import type { Tx } from "../../infra/db/prisma.ts";
-import { audit } from "../kernel/audit.ts";
-import type { IdSource } from "../kernel/ids.ts";
-import { parseInput, shape } from "./shapes.ts";
+import { AppError, notFound } from "../../contracts/errors.ts";
+import { one, type Sql } from "../kernel/db.ts";
+import { parseInput } from "../kernel/validation.ts";
+import type { Write } from "../kernel/write.ts";
+import { getPool } from "../pools/pools.ts";
+import { driverFor } from "../pools/registry.ts";
+import { type GpuClaim, shape } from "./shapes.ts";
+
+/**
+ * Flavors are named shapes per pool. Instances copy the shape at admission, so editing or deleting a flavor
+ * never changes what a running instance holds; it changes what the next create or resize gets.
+ */
+export interface Flavor {
+  id: string;
+  poolId: string;
+  name: string;
+  vcpus: number;
+  memoryMib: number;
+  diskGib: number;
+  gpus: GpuClaim[];
+  createdAt: Date;
+  updatedAt: Date;
+}
+
+const COLUMNS = `id, pool_id AS "poolId", name, vcpus, memory_mib AS "memoryMib", disk_gib AS "diskGib", gpus, created_at AS "createdAt", updated_at AS "updatedAt"`;
 
 const flavorName = z
   .string()
   .trim()
   .regex(/^[a-z0-9][a-z0-9._-]{0,62}$/, "1 to 63 lower-case letters, digits, . _ -");
 
-interface Ctx {
-  ids: IdSource;
-  actor: string;
-  now: Date;
-  requestId?: string | null;
-}
+type GpuInput = { model: string; count: number }[] | null;
 
-/**
- * Flavors are named shapes per pool. Instances copy the shape at admission, so editing or deleting a flavor
- * never changes what a running instance holds; it changes what the next create or resize gets.
- */
 export async function createFlavor(
-  tx: Tx,
-  ctx: Ctx,
-  raw: { poolId: string; name: string; vcpus: number; memoryMib: number; diskGib: number; gpus?: { model: string; count: number }[] | null },
-) {
+  w: Write,
+  raw: { poolId: string; name: string; vcpus: number; memoryMib: number; diskGib: number; gpus?: GpuInput },
+): Promise<Flavor> {
   const { poolId, name, ...rest } = raw;
   const validName = parseInput(flavorName, name, "input.name");
   const s = parseInput(shape, { ...rest, gpus: rest.gpus ?? [] });
-  const pool = await tx.pool.findUnique({ where: { id: poolId } });
+  const pool = await getPool(w.sql, poolId);
   if (!pool) throw notFound("pool", poolId);
-  if (pool.class === "provider" && s.gpus.length) throw invalid("provider flavors name no GPUs; the provider's server type decides them");
-  if (await tx.flavor.findUnique({ where: { poolId_name: { poolId, name: validName } }, select: { id: true } })) {
+  driverFor(pool.class).checkFlavor(s);
+  if (await one(w.sql, `SELECT 1 FROM flavors WHERE pool_id = $1 AND name = $2`, [poolId, validName]))
     throw new AppError("CONFLICT", `flavor ${validName} exists in pool ${pool.name}`);
-  }
-  const flavor = await tx.flavor.create({
-    data: {
-      id: ctx.ids("flv"),
-      poolId,
-      name: validName,
-      vcpus: s.vcpus,
-      memoryMib: s.memoryMib,
-      diskGib: s.diskGib,
-      gpus: s.gpus,
-      createdAt: ctx.now,
-      updatedAt: ctx.now,
-    },
-  });
-  await audit(tx, {
-    actorId: ctx.actor,
-    action: "createFlavor",
-    targetId: flavor.id,
-    requestId: ctx.requestId,
-    details: { poolId, name: validName },
-    at: ctx.now,
-  });
-  return flavor;
+  const [flavor] = await w.sql.query<Flavor>(
+    `INSERT INTO flavors (id, pool_id, name, vcpus, memory_mib, disk_gib, gpus, created_at, updated_at)
+     VALUES ($1, $2, $3, $4, $5, $6, $7::jsonb, $8, $8) RETURNING ${COLUMNS}`,
+    [w.ids("flv"), poolId, validName, s.vcpus, s.memoryMib, s.diskGib, JSON.stringify(s.gpus), w.now],
+  );
+  const created = flavor as Flavor;
+  w.audit({ targetId: created.id, details: { poolId, name: validName } });
+  return created;
 }
 
 export async function updateFlavor(
-  tx: Tx,
-  ctx: Ctx,
+  w: Write,
   id: string,
-  raw: { vcpus?: number | null; memoryMib?: number | null; diskGib?: number | null; gpus?: { model: string; count: number }[] | null },
-) {
-  const flavor = await tx.flavor.findUnique({ where: { id } });
+  raw: { vcpus?: number | null; memoryMib?: number | null; diskGib?: number | null; gpus?: GpuInput },
+): Promise<Flavor> {
+  const flavor = await one<Flavor>(w.sql, `SELECT ${COLUMNS} FROM flavors WHERE id = $1 FOR UPDATE`, [id]);
   if (!flavor) throw notFound("flavor", id);
+  const pool = await getPool(w.sql, flavor.poolId);
   const s = parseInput(shape, {
     vcpus: raw.vcpus ?? flavor.vcpus,
     memoryMib: raw.memoryMib ?? flavor.memoryMib,
     diskGib: raw.diskGib ?? flavor.diskGib,
     gpus: raw.gpus ?? flavor.gpus,
   });
-  const updated = await tx.flavor.update({
-    where: { id },
-    data: { vcpus: s.vcpus, memoryMib: s.memoryMib, diskGib: s.diskGib, gpus: s.gpus, updatedAt: ctx.now },
-  });
-  await audit(tx, { actorId: ctx.actor, action: "updateFlavor", targetId: id, requestId: ctx.requestId, at: ctx.now });
-  return updated;
+  if (pool) driverFor(pool.class).checkFlavor(s);
+  const [updated] = await w.sql.query<Flavor>(
+    `UPDATE flavors SET vcpus = $2, memory_mib = $3, disk_gib = $4, gpus = $5::jsonb, updated_at = $6 WHERE id = $1 RETURNING ${COLUMNS}`,
+    [id, s.vcpus, s.memoryMib, s.diskGib, JSON.stringify(s.gpus), w.now],
+  );
+  w.audit({ targetId: id, details: { vcpus: s.vcpus, memoryMib: s.memoryMib, diskGib: s.diskGib, gpus: s.gpus } });
+  return updated as Flavor;
 }
 
-export async function deleteFlavor(tx: Tx, ctx: Ctx, id: string) {
-  const flavor = await tx.flavor.findUnique({ where: { id } });
+export async function deleteFlavor(w: Write, id: string): Promise<Flavor> {
+  const [flavor] = await w.sql.query<Flavor>(`DELETE FROM flavors WHERE id = $1 RETURNING ${COLUMNS}`, [id]);
   if (!flavor) throw notFound("flavor", id);
-  await tx.flavor.delete({ where: { id } });
-  await audit(tx, { actorId: ctx.actor, action: "deleteFlavor", targetId: id, requestId: ctx.requestId, at: ctx.now });
+  w.audit({ targetId: id, details: { poolId: flavor.poolId, name: flavor.name } });
   return flavor;
+}
+
+export async function listFlavors(sql: Sql, poolId: string): Promise<Flavor[]> {
+  return sql.query<Flavor>(`SELECT ${COLUMNS} FROM flavors WHERE pool_id = $1 ORDER BY name`, [poolId]);
+}
+
+/** A pool's flavor by name, for admission and resize. */
+export async function flavorByName(sql: Sql, poolId: string, name: string): Promise<Flavor | undefined> {
+  return one<Flavor>(sql, `SELECT ${COLUMNS} FROM flavors WHERE pool_id = $1 AND name = $2`, [poolId, name]);
 }

@@ -1,10 +1,9 @@
 import { z } from "zod";
 import { forbidden } from "../../contracts/errors.ts";
-import type { Tx } from "../../infra/db/prisma.ts";
 import type { Principal } from "../auth/principal.ts";
 import type { Sql } from "../kernel/db.ts";
-import type { IdSource } from "../kernel/ids.ts";
-import { parseInput } from "./shapes.ts";
+import { parseInput } from "../kernel/validation.ts";
+import type { Write } from "../kernel/write.ts";
 
 export type ImageFormat = "raw" | "qcow2" | "iso";
 
@@ -47,23 +46,54 @@ const registerInput = z.object({
 });
 export type RegisterImageInput = z.input<typeof registerInput>;
 
+/** An image the platform knows, as the API shows it. */
+export interface Image {
+  id: string;
+  /** The owner; null for the operator's images. */
+  tenantId: string | null;
+  name: string;
+  source: string;
+  sha256: string;
+  format: ImageFormat;
+  verified: boolean;
+  visibility: "public" | "private";
+  createdAt: Date;
+}
+
+const COLUMNS = `id, tenant_id AS "tenantId", name, source, sha256, format, verified, visibility, created_at AS "createdAt"`;
+
 /**
  * Tenants register private images; public ones (and the `verified` mark policies rely on) are the operator's
  * word, since every tenant would boot them.
  */
-export async function registerImage(tx: Tx, ids: IdSource, who: Principal, raw: RegisterImageInput) {
+export async function registerImage(w: Write, who: Principal, raw: RegisterImageInput): Promise<Image> {
   const input = parseInput(registerInput, raw);
   if (!who.operator && (input.public || input.verified)) throw forbidden("only an operator can publish or verify an image");
-  return tx.image.create({
-    data: {
-      id: ids("img"),
-      tenantId: who.operator ? null : who.tenantId,
-      name: input.name,
-      source: input.source,
-      sha256: input.sha256,
-      format: input.format,
-      verified: who.operator ? (input.verified ?? true) : false,
-      visibility: input.public ? "public" : "private",
-    },
-  });
+  const [image] = await w.sql.query<Image>(
+    `INSERT INTO images (id, tenant_id, name, source, sha256, format, verified, visibility, created_at)
+     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) RETURNING ${COLUMNS}`,
+    [
+      w.ids("img"),
+      who.operator ? null : who.tenantId,
+      input.name,
+      input.source,
+      input.sha256,
+      input.format,
+      who.operator ? (input.verified ?? true) : false,
+      input.public ? "public" : "private",
+      w.now,
+    ],
+  );
+  const created = image as Image;
+  w.audit({ targetId: created.id, tenantId: created.tenantId, details: { name: created.name, visibility: created.visibility } });
+  return created;
+}
+
+/** The images the caller can boot: its tenant's and the public ones (operators: all). */
+export async function listImages(sql: Sql, who: Principal): Promise<Image[]> {
+  return who.operator
+    ? sql.query<Image>(`SELECT ${COLUMNS} FROM images WHERE deleted_at IS NULL ORDER BY created_at, id`)
+    : sql.query<Image>(`SELECT ${COLUMNS} FROM images WHERE deleted_at IS NULL AND (tenant_id = $1 OR visibility = 'public') ORDER BY created_at, id`, [
+        who.tenantId,
+      ]);
 }

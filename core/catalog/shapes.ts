@@ -1,5 +1,4 @@
 import { z } from "zod";
-import { invalid } from "../../contracts/errors.ts";
 
 /** GPUs are whole and named by model, e.g. `nvidia-l40s`. */
 export const gpuModel = z.string().regex(/^[a-z0-9][a-z0-9._-]{0,62}$/, "GPU models are lower-case letters, digits, . _ -");
@@ -36,12 +35,3 @@ export function chargeOf(s: Shape): Record<string, number> {
 }
 
 export const gpuCount = (s: Pick<Shape, "gpus">) => s.gpus.reduce((n, g) => n + g.count, 0);
-
-/** Parse with zod and turn the first issue into INVALID_INPUT naming the field. */
-export function parseInput<T>(schema: z.ZodType<T>, value: unknown, where = "input"): T {
-  const r = schema.safeParse(value);
-  if (r.success) return r.data;
-  const issue = r.error.issues[0];
-  const path = [where, ...(issue?.path ?? [])].join(".");
-  throw invalid(`${path}: ${issue?.message ?? "invalid"}`, { path });
-}

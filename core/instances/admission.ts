@@ -1,15 +1,15 @@
 import { z } from "zod";
-import type { InstanceEventMessage } from "../../contracts/channels.ts";
-import { AppError, invalid, notFound } from "../../contracts/errors.ts";
-import type { ImageResolver, ResolvedImage } from "../catalog/images.ts";
-import { chargeOf, parseInput, type Shape, shape as shapeSchema } from "../catalog/shapes.ts";
-import { INSTANCE_COLUMNS, type Sql } from "../kernel/db.ts";
-import { type IdSource, instanceId, sha256Hex } from "../kernel/ids.ts";
+import { AppError, notFound } from "../../contracts/errors.ts";
+import { chargeOf, type Shape, shape as shapeSchema } from "../catalog/shapes.ts";
+import { instanceId, sha256Hex } from "../kernel/ids.ts";
 import type { Sealer } from "../kernel/seal.ts";
-import { leaseAddress } from "../pools/hosted/leases.ts";
-import { type Placement, place } from "../pools/hosted/placement.ts";
+import { parseInput } from "../kernel/validation.ts";
+import type { Write } from "../kernel/write.ts";
+import type { DriverDeps, Pool } from "../pools/driver.ts";
+import { driverFor } from "../pools/registry.ts";
 import { chargeQuota } from "../tenancy/quota.ts";
-import { eventMessage, type InstanceRow } from "./changes.ts";
+import { eventMessage } from "./changes.ts";
+import { INSTANCE_COLUMNS, type Instance } from "./model.ts";
 import { sshPublicKey } from "./ssh.ts";
 
 export const MAX_USER_DATA = 64 * 1024;
@@ -32,33 +32,23 @@ const createInput = z.object({
 });
 export type CreateInstanceInput = z.input<typeof createInput>;
 
-export interface AdmissionDeps {
-  ids: IdSource;
-  images: ImageResolver;
+export interface AdmissionDeps extends DriverDeps {
   sealer: Sealer;
-  runtimes: readonly string[];
-  now: () => Date;
   newIdempotencyKey: () => string;
 }
 
 export interface Caller {
   identityId: string;
   tenantId: string;
-  requestId?: string;
-}
-
-export interface Admitted {
-  instance: InstanceRow;
-  /** null on a replay: nothing changed, nothing to publish. */
-  event: InstanceEventMessage | null;
 }
 
 /**
- * Admit a create in the caller's transaction: idempotency, image, flavor, placement, quota, address, the
- * instance row, its first event and the audit row. Any refusal throws and the transaction leaves no trace.
- * Seven statements on the common path; each one is a guarded write or a lookup that cannot be merged.
+ * Admit a create in the Write's transaction: idempotency, flavor, the pool driver's placement (hosted: a node
+ * and an address), quota, the instance row and its first event. Any refusal throws and the transaction leaves
+ * no trace. A replay of the same request returns the instance it made and changes nothing.
  */
-export async function admitInstance(sql: Sql, deps: AdmissionDeps, caller: Caller, raw: CreateInstanceInput): Promise<Admitted> {
+export async function admitInstance(w: Write, deps: AdmissionDeps, caller: Caller, raw: CreateInstanceInput): Promise<Instance> {
+  const { sql } = w;
   const input = parseInput(createInput, raw);
   const key = input.idempotencyKey ?? deps.newIdempotencyKey();
   const id = instanceId(caller.tenantId, caller.identityId, key);
@@ -72,13 +62,14 @@ export async function admitInstance(sql: Sql, deps: AdmissionDeps, caller: Calle
   const [found] = await sql.query<{
     existing: boolean;
     sameRequest: boolean;
-    poolClass: string | null;
-    singleTenant: boolean | null;
+    pool: (Omit<Pool, "createdAt"> & { createdAt: string }) | null;
     flavor: (Shape & { name: string }) | null;
     projectOk: boolean;
   }>(
     `SELECT i.id IS NOT NULL AS existing, i.request_hash IS NOT DISTINCT FROM $6 AS "sameRequest",
-            p.class AS "poolClass", (p.policy->>'singleTenant')::boolean AS "singleTenant",
+            CASE WHEN p.id IS NULL THEN NULL ELSE jsonb_build_object('id', p.id, 'name', p.name, 'class', p.class, 'agent', p.agent,
+              'runtime', p.runtime, 'providerAccountId', p.provider_account_id,
+              'singleTenant', COALESCE((p.policy->>'singleTenant')::boolean, false), 'createdAt', p.created_at) END AS pool,
             (SELECT jsonb_build_object('name', f.name, 'vcpus', f.vcpus, 'memoryMib', f.memory_mib, 'diskGib', f.disk_gib, 'gpus', f.gpus)
                FROM flavors f WHERE f.pool_id = p.id AND f.name = $3) AS flavor,
             ($4::text IS NULL OR EXISTS (SELECT 1 FROM projects WHERE id = $4 AND tenant_id = $5)) AS "projectOk"
@@ -87,40 +78,22 @@ export async function admitInstance(sql: Sql, deps: AdmissionDeps, caller: Calle
   );
   if (found?.existing) {
     if (!found.sameRequest) throw new AppError("CONFLICT", `idempotency key ${key} was used for a different request`, { instanceId: id });
-    const [inst] = await sql.query<InstanceRow>(`SELECT ${INSTANCE_COLUMNS} FROM instances WHERE id = $1`, [id]);
-    return { instance: inst as InstanceRow, event: null };
+    const [inst] = await sql.query<Instance>(`SELECT ${INSTANCE_COLUMNS} FROM instances WHERE id = $1`, [id]);
+    w.unchanged();
+    return inst as Instance;
   }
-  if (!found?.poolClass) throw notFound("pool", input.poolId);
-  if (found.poolClass !== "vps-host" && found.poolClass !== "provider")
-    throw invalid(`pool ${input.poolId} is a ${found.poolClass} pool: instances need vps-host or provider`);
+  if (!found?.pool) throw notFound("pool", input.poolId);
+  const pool: Pool = { ...found.pool, createdAt: new Date(found.pool.createdAt) };
+  const driver = driverFor(pool.class);
   if (!found.projectOk) throw notFound("project", input.projectId as string);
   if (!found.flavor) throw notFound("flavor", `${input.flavor} in pool ${input.poolId}`);
   const shape: Shape = parseInput(shapeSchema, found.flavor, "flavor");
 
-  const hosted = found.poolClass === "vps-host";
-  let image: ResolvedImage | undefined;
-  if (hosted) {
-    image = await deps.images.resolve(sql, caller.tenantId, input.imageId);
-    if (!image) throw notFound("image", input.imageId);
-  }
-
-  let placement: Placement | undefined;
-  const addresses: string[] = [];
+  const placed = await driver.admit(w, { pool, tenantId: caller.tenantId, instanceId: id, imageId: input.imageId, shape }, deps);
   const charge = chargeOf(shape);
-  const now = deps.now();
-  if (hosted)
-    placement = await place(sql, deps.ids, {
-      poolId: input.poolId,
-      tenantId: caller.tenantId,
-      instanceId: id,
-      shape,
-      singleTenant: found.singleTenant === true,
-    });
   await chargeQuota(sql, caller.tenantId, charge);
-  if (hosted) addresses.push(await leaseAddress(sql, input.poolId, id, now));
 
-  const details = { poolId: input.poolId, flavor: shape, nodeId: placement?.nodeId ?? null, addresses };
-  const [row] = await sql.query<InstanceRow & { eventId: string }>(
+  const [row] = await sql.query<Instance & { eventId: string }>(
     `WITH i AS (
        INSERT INTO instances (id, tenant_id, pool_id, project_id, owner_identity_id, idempotency_key, request_hash, flavor, vcpus,
          memory_mib, disk_gib, gpus, image_id, image_url, image_sha256, image_format, image_verified, ssh_keys, user_data_sealed,
@@ -130,10 +103,7 @@ export async function admitInstance(sql: Sql, deps: AdmissionDeps, caller: Calle
        RETURNING *),
      e AS (
        INSERT INTO instance_events (instance_id, tenant_id, pool_id, project_id, from_state, to_state, desired_state, reason, actor, version, at)
-       SELECT id, tenant_id, pool_id, project_id, NULL, state, desired_state, 'created', $5, 1, $26 FROM i RETURNING id),
-     a AS (
-       INSERT INTO audit_log (actor_id, tenant_id, action, target_id, request_id, details, at)
-       SELECT $5, $2, 'createInstance', id, $27, $28::jsonb, $26 FROM i)
+       SELECT id, tenant_id, pool_id, project_id, NULL, state, desired_state, 'created', $5, 1, $26 FROM i RETURNING id)
      SELECT ${INSTANCE_COLUMNS}, (SELECT id::text FROM e) AS "eventId" FROM i`,
     [
       id,
@@ -149,23 +119,27 @@ export async function admitInstance(sql: Sql, deps: AdmissionDeps, caller: Calle
       shape.diskGib,
       JSON.stringify(shape.gpus),
       input.imageId,
-      image?.url ?? null,
-      image?.sha256 ?? null,
-      image?.format ?? null,
-      image?.verified ?? false,
+      placed.image?.url ?? null,
+      placed.image?.sha256 ?? null,
+      placed.image?.format ?? null,
+      placed.image?.verified ?? false,
       input.sshKeys,
       input.userData === undefined ? null : Buffer.from(deps.sealer.seal(input.userData, id)),
-      hosted ? (deps.runtimes[0] ?? null) : null,
+      placed.runtime,
       input.desiredState,
-      placement?.nodeId ?? null,
-      placement?.allocationId ?? null,
-      addresses,
+      placed.nodeId,
+      placed.allocationId,
+      placed.addresses,
       JSON.stringify(charge),
-      now,
-      caller.requestId ?? null,
-      JSON.stringify(details),
+      w.now,
     ],
   );
-  const { eventId, ...instance } = row as InstanceRow & { eventId: string };
-  return { instance, event: eventMessage(instance, null, eventId) };
+  const { eventId, ...instance } = row as Instance & { eventId: string };
+  w.event(eventMessage(instance, null, eventId));
+  w.audit({
+    targetId: id,
+    tenantId: caller.tenantId,
+    details: { poolId: input.poolId, flavor: shape, nodeId: placed.nodeId, addresses: placed.addresses },
+  });
+  return instance;
 }

@@ -1,7 +1,7 @@
 import { invalid, notFound } from "../../contracts/errors.ts";
 import { type Principal, requireRead, visibleTo } from "../auth/principal.ts";
-import { INSTANCE_COLUMNS, type Sql } from "../kernel/db.ts";
-import type { InstanceRow } from "./changes.ts";
+import type { Sql } from "../kernel/db.ts";
+import { INSTANCE_COLUMNS, type Instance } from "./model.ts";
 
 /**
  * Watching instances: which events a subscriber may see, and reading them from the event table in commit
@@ -26,7 +26,7 @@ export interface StoredEvent {
 
 /** An event with the instance as it is when delivered. */
 export interface WatchedEvent extends StoredEvent {
-  instance: InstanceRow;
+  instance: Instance;
 }
 
 /** What a subscriber sees: every field set must match. `tenantId` is forced for tenants. */
@@ -106,8 +106,8 @@ export async function readEvents(sql: Sql, filter: EventFilter, after: bigint, u
   );
   if (!rows.length) return [];
   const ids = [...new Set(rows.map((r) => r.instanceId))];
-  const instances = await sql.query<InstanceRow>(`SELECT ${INSTANCE_COLUMNS} FROM instances WHERE id = ANY($1::text[])`, [ids]);
+  const instances = await sql.query<Instance>(`SELECT ${INSTANCE_COLUMNS} FROM instances WHERE id = ANY($1::text[])`, [ids]);
   const byId = new Map(instances.map((i) => [i.id, i]));
   // An instance row outlives its events (rows are never deleted while events point at them).
-  return rows.map((r) => ({ ...r, position: BigInt(r.position), instance: byId.get(r.instanceId) as InstanceRow }));
+  return rows.map((r) => ({ ...r, position: BigInt(r.position), instance: byId.get(r.instanceId) as Instance }));
 }

@@ -1,29 +1,20 @@
-import type { Tx } from "../../infra/db/prisma.ts";
-
 /**
- * A transaction as plain SQL: `query(text, params)` returns rows. The instance domain (admission, lifecycle,
- * placement, quota, addresses) is written against this rather than Prisma, because it is the hot path and
- * measured here a Prisma interactive-transaction statement costs ~0.73 ms against ~0.27 ms through pg, and
- * hand-written SQL lets one statement do what Prisma needs several for. The same functions run inside a
- * Prisma transaction through `prismaSql`, so CRUD code can call them too.
+ * The one way `core` speaks to the database: plain SQL with positional parameters, in the caller's
+ * transaction. Hand-written SQL because the domain's writes are guarded (conditional UPDATEs, row locks,
+ * SKIP LOCKED) in ways an ORM's query API cannot express, and because one statement often does what an ORM
+ * needs several round trips for. Rows come back in the domain's own types (camelCase aliases); int8 columns
+ * are cast to numbers in SQL so both drivers (pg, PGlite) hand back the same JavaScript values.
  */
 export interface Sql {
   query<T = Record<string, unknown>>(text: string, params?: readonly unknown[]): Promise<T[]>;
 }
 
-export function prismaSql(tx: Tx): Sql {
-  return { query: <T>(text: string, params: readonly unknown[] = []) => tx.$queryRawUnsafe<T[]>(text, ...params) };
+/** The first row, or undefined. */
+export async function one<T>(sql: Sql, text: string, params?: readonly unknown[]): Promise<T | undefined> {
+  return (await sql.query<T>(text, params))[0];
 }
 
-/** Column list that reads an `instances` row in the camelCase shape of Prisma's `Instance` model. */
-export const INSTANCE_COLUMNS = `id, tenant_id AS "tenantId", pool_id AS "poolId", project_id AS "projectId",
-  owner_identity_id AS "ownerIdentityId", idempotency_key AS "idempotencyKey", request_hash AS "requestHash",
-  flavor, vcpus, memory_mib AS "memoryMib", disk_gib AS "diskGib", gpus, image_id AS "imageId",
-  image_url AS "imageUrl", image_sha256 AS "imageSha256", image_format AS "imageFormat",
-  image_verified AS "imageVerified", ssh_keys AS "sshKeys", user_data_sealed AS "userDataSealed", runtime,
-  state, desired_state AS "desiredState", node_id AS "nodeId", allocation_id AS "allocationId",
-  external_id AS "externalId", addresses, conditions, charge, charge_released AS "chargeReleased", version,
-  spec_generation AS "specGeneration", observed_state AS "observedState", observed_error AS "observedError",
-  observed_retryable AS "observedRetryable", observed_shape AS "observedShape", observed_generation AS "observedGeneration",
-  observed_at AS "observedAt", attempts, excluded_nodes AS "excludedNodes", retry_requested AS "retryRequested",
-  created_at AS "createdAt", updated_at AS "updatedAt"`;
+/** Reads outside any write: each call runs on a pooled connection of its own. */
+export interface Reader {
+  read<T>(fn: (sql: Sql) => Promise<T>): Promise<T>;
+}

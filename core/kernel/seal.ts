@@ -32,3 +32,6 @@ export function sealer(keyBase64: string): Sealer {
     },
   };
 }
+
+/** A new sealing key: 32 random bytes, base64. */
+export const newSealKey = () => randomBytes(32).toString("base64");

@@ -1,5 +1,8 @@
+import { z } from "zod";
 import { AppError } from "../../contracts/errors.ts";
+import { gpuClaim } from "../catalog/shapes.ts";
 import type { Sql } from "../kernel/db.ts";
+import { parseInput } from "../kernel/validation.ts";
 
 export type Charge = Record<string, number>;
 
@@ -72,10 +75,48 @@ export interface QuotaInput {
   gpus?: { model: string; count: number }[] | null;
 }
 
-export function quotaRows(q: QuotaInput): { resource: string; limit: number }[] {
+function quotaRows(q: QuotaInput): { resource: string; limit: number }[] {
   const rows: { resource: string; limit: number }[] = [];
   const scalar = { instances: q.instances, vcpus: q.vcpus, memory_mib: q.memoryMib, disk_gib: q.diskGib };
   for (const [resource, limit] of Object.entries(scalar)) if (limit != null) rows.push({ resource, limit });
   for (const g of q.gpus ?? []) rows.push({ resource: `gpu:${g.model}`, limit: g.count });
   return rows;
+}
+
+const limit = z.number().int().min(0).max(1_000_000_000).nullish();
+export const quotaInput = z.object({
+  instances: limit,
+  vcpus: limit,
+  memoryMib: limit,
+  diskGib: limit,
+  gpus: z.array(gpuClaim.extend({ count: z.number().int().min(0).max(1_000_000) })).nullish(),
+});
+
+/** Replace a tenant's limits. Lowering a limit below what is in use is allowed: it only stops new charges. */
+export async function setQuotaLimits(sql: Sql, tenantId: string, raw: QuotaInput): Promise<void> {
+  const rows = quotaRows(parseInput(quotaInput, raw, "input.quota"));
+  await sql.query(`DELETE FROM quota_limits WHERE tenant_id = $1`, [tenantId]);
+  if (rows.length)
+    await sql.query(`INSERT INTO quota_limits (tenant_id, resource, "limit") SELECT $1, r, l FROM unnest($2::text[], $3::bigint[]) AS t(r, l)`, [
+      tenantId,
+      rows.map((r) => r.resource),
+      rows.map((r) => r.limit),
+    ]);
+}
+
+export interface QuotaItem {
+  resource: string;
+  /** null: unlimited. */
+  limit: number | null;
+  used: number;
+}
+
+/** Limits and usage by resource. */
+export async function quotaOf(sql: Sql, tenantId: string): Promise<QuotaItem[]> {
+  return sql.query<QuotaItem>(
+    `SELECT COALESCE(l.resource, u.resource) AS resource, l."limit"::float8 AS "limit", COALESCE(u.used, 0)::float8 AS used
+       FROM quota_limits l FULL JOIN quota_usage u ON u.tenant_id = l.tenant_id AND u.resource = l.resource
+      WHERE COALESCE(l.tenant_id, u.tenant_id) = $1 ORDER BY 1`,
+    [tenantId],
+  );
 }

@@ -37,7 +37,7 @@ export class EventFeed {
     feed.listening = (async () => {
       for await (const _ of hints) feed.poke();
     })().catch((e) => platform.log.warn("event feed lost its pub/sub subscription", { err: String(e) }));
-    feed.head = await platform.db.transaction((sql) => headPosition(sql));
+    feed.head = await platform.read(headPosition);
     feed.timer = setInterval(() => feed.poke(), platform.config.live.pollMs);
     feed.timer.unref();
     return feed;
@@ -72,14 +72,14 @@ export class EventFeed {
           const from = this.head;
           if (this.sinks.size === 0) {
             // Nobody listens: only move the head, unless a sink attached during the read (it needs the events).
-            const head = await this.platform.db.transaction((sql) => headPosition(sql));
+            const head = await this.platform.read(headPosition);
             if (this.sinks.size === 0 && this.head === from) {
               if (head > from) this.head = head;
               break;
             }
             continue;
           }
-          const batch = await this.platform.db.transaction((sql) => readEvents(sql, {}, from, null, BATCH));
+          const batch = await this.platform.read((sql) => readEvents(sql, {}, from, null, BATCH));
           for (const e of batch) {
             this.head = e.position;
             for (const sink of this.sinks) {

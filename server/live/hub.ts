@@ -195,7 +195,7 @@ export class LiveHub {
       let last = after ?? this.feed.head;
       while (last < this.feed.head) {
         const target = this.feed.head;
-        const page = await this.platform.db.transaction((sql) => readEvents(sql, filter, last, target, PAGE));
+        const page = await this.platform.read((sql) => readEvents(sql, filter, last, target, PAGE));
         for (const e of page) {
           if (stream.ended) return;
           yield e;

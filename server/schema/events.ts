@@ -42,7 +42,7 @@ builder.queryFields((t) => ({
     description: "The cursor of the newest event. Read state, then subscribe with `after` set to this, and nothing that happens in between is missed.",
     resolve: async (_r, _a, ctx) => {
       requireRead(ctx.principal, "compute:instances:read");
-      return cursorOf(await ctx.platform.db.transaction((sql) => headPosition(sql)));
+      return cursorOf(await ctx.platform.read(headPosition));
     },
   }),
 }));
@@ -68,7 +68,7 @@ builder.subscriptionFields((t) => ({
     description: "The changes of one instance; NOT_FOUND unless the caller can read it. `after` resumes as for instanceEvents.",
     args: { id: t.arg.id({ required: true }), after: t.arg.string() },
     subscribe: async (_r, args, ctx) => {
-      const filter = await ctx.platform.db.transaction((sql) => instanceFilter(sql, ctx.principal, String(args.id)));
+      const filter = await ctx.platform.read((sql) => instanceFilter(sql, ctx.principal, String(args.id)));
       return watch(ctx, filter, args.after);
     },
     resolve: (e) => e,

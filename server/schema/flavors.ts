@@ -1,7 +1,6 @@
 import { requireOperator, requireRead } from "../../core/auth/principal.ts";
-import { createFlavor, deleteFlavor, updateFlavor } from "../../core/catalog/flavors.ts";
-import type { Flavor as FlavorRow } from "../../prisma/generated/client.ts";
-import { writeCtx } from "../context.ts";
+import { createFlavor, deleteFlavor, type Flavor as FlavorRow, listFlavors, updateFlavor } from "../../core/catalog/flavors.ts";
+import { mutate } from "../context.ts";
 import { builder, GpuCount, GpuCountInput } from "./builder.ts";
 
 const Flavor = builder.objectRef<FlavorRow>("Flavor").implement({
@@ -13,7 +12,7 @@ const Flavor = builder.objectRef<FlavorRow>("Flavor").implement({
     vcpus: t.exposeInt("vcpus"),
     memoryMib: t.exposeInt("memoryMib"),
     diskGib: t.exposeInt("diskGib"),
-    gpus: t.field({ type: [GpuCount], resolve: (f) => f.gpus as { model: string; count: number }[] }),
+    gpus: t.field({ type: [GpuCount], resolve: (f) => f.gpus }),
     createdAt: t.expose("createdAt", { type: "DateTime" }),
     updatedAt: t.expose("updatedAt", { type: "DateTime" }),
   }),
@@ -41,7 +40,7 @@ builder.queryField("flavors", (t) =>
     args: { poolId: t.arg.id({ required: true }) },
     resolve: (_r, { poolId }, ctx) => {
       requireRead(ctx.principal, "compute:pools:read");
-      return ctx.platform.db.prisma.flavor.findMany({ where: { poolId: String(poolId) }, orderBy: { name: "asc" } });
+      return ctx.platform.read((sql) => listFlavors(sql, String(poolId)));
     },
   }),
 );
@@ -50,25 +49,25 @@ builder.mutationFields((t) => ({
   createFlavor: t.field({
     type: Flavor,
     args: { input: t.arg({ type: CreateFlavorInput, required: true }) },
-    resolve: (_r, { input }, ctx) => {
+    resolve: (_r, { input }, ctx, info) => {
       requireOperator(ctx.principal);
-      return ctx.platform.transact((tx) => createFlavor(tx, writeCtx(ctx), { ...input, poolId: String(input.poolId) }));
+      return mutate(ctx, info, (w) => createFlavor(w, { ...input, poolId: String(input.poolId) }));
     },
   }),
   updateFlavor: t.field({
     type: Flavor,
     args: { id: t.arg.id({ required: true }), input: t.arg({ type: UpdateFlavorInput, required: true }) },
-    resolve: (_r, { id, input }, ctx) => {
+    resolve: (_r, { id, input }, ctx, info) => {
       requireOperator(ctx.principal);
-      return ctx.platform.transact((tx) => updateFlavor(tx, writeCtx(ctx), String(id), input));
+      return mutate(ctx, info, (w) => updateFlavor(w, String(id), input));
     },
   }),
   deleteFlavor: t.field({
     type: Flavor,
     args: { id: t.arg.id({ required: true }) },
-    resolve: (_r, { id }, ctx) => {
+    resolve: (_r, { id }, ctx, info) => {
       requireOperator(ctx.principal);
-      return ctx.platform.transact((tx) => deleteFlavor(tx, writeCtx(ctx), String(id)));
+      return mutate(ctx, info, (w) => deleteFlavor(w, String(id)));
     },
   }),
 }));

@@ -1,12 +1,19 @@
 import { z } from "zod";
-import { statusReport } from "../../contracts/host.ts";
-import { requireAuth, requireNode, requireOperator } from "../../core/auth/principal.ts";
-import { parseInput } from "../../core/catalog/shapes.ts";
-import { buildNodeSpec, createJoinToken, declareNodeGone, joinNode, recordReport } from "../../core/pools/hosted/hosts.ts";
-import type { Context } from "../context.ts";
+import { commandReport, statusReport } from "../../contracts/host.ts";
+import { requireNode, requireOperator } from "../../core/auth/principal.ts";
+import { parseInput } from "../../core/kernel/validation.ts";
+import { commandsForNode, recordCommandReport } from "../../core/pools/hosted/commands.ts";
+import { createJoinToken, joinNode } from "../../core/pools/hosted/enrollment.ts";
+import { declareNodeGone } from "../../core/pools/hosted/nodes.ts";
+import { recordReport } from "../../core/pools/hosted/reports.ts";
+import { buildNodeSpec } from "../../core/pools/hosted/spec.ts";
+import { type Context, mutate } from "../context.ts";
 import { builder } from "./builder.ts";
 
-/** The host gateway: how agents join, receive their node's spec and report what they see. */
+/**
+ * The host gateway: how agents join, receive their node's spec and commands, and report what they see and do.
+ * The host protocol itself (what a spec, a report and a command hold) is contracts/host.ts.
+ */
 
 const JoinToken = builder.objectRef<{ token: string; expiresAt: Date; poolId: string }>("JoinToken").implement({
   description: "Single use, short lived; an agent trades it for a node credential. Shown once.",
@@ -22,60 +29,70 @@ const ReportAck = builder.objectRef<{ generation: number }>("ReportAck").impleme
   fields: (t) => ({ generation: t.exposeInt("generation", { description: "The node's current spec generation." }) }),
 });
 
+const CommandAck = builder.objectRef<{ id: string; state: string }>("CommandAck").implement({
+  description: "The command as the server now records it; a report that came too late or twice changes nothing.",
+  fields: (t) => ({ id: t.exposeID("id"), state: t.exposeString("state") }),
+});
+
 const NodeSpecPayload = builder.objectRef<{ generation: number; spec: unknown }>("NodeSpecPayload").implement({
-  description: "A node's whole desired set; `spec` follows the NodeSpec schema of core/protocol.ts.",
+  description: "A node's whole desired set; `spec` follows the NodeSpec schema of the host protocol.",
   fields: (t) => ({ generation: t.exposeInt("generation"), spec: t.expose("spec", { type: "JSON" }) }),
 });
+
+const NodeCommandPayload = builder.objectRef<{ command: unknown }>("NodeCommandPayload").implement({
+  description: "One host command (the HostCommand schema of the host protocol).",
+  fields: (t) => ({ command: t.expose("command", { type: "JSON" }) }),
+});
+
+const ttlSeconds = z
+  .number()
+  .int()
+  .min(10)
+  .max(7 * 24 * 3600);
 
 builder.mutationFields((t) => ({
   createJoinToken: t.field({
     type: JoinToken,
     args: { poolId: t.arg.id({ required: true }), ttlSeconds: t.arg.int() },
-    resolve: (_r, { poolId, ttlSeconds }, ctx) => {
+    resolve: (_r, args, ctx, info) => {
       requireOperator(ctx.principal);
-      const ttl = parseInput(
-        z
-          .number()
-          .int()
-          .min(10)
-          .max(7 * 24 * 3600),
-        ttlSeconds ?? ctx.platform.config.hosts.joinTokenTtlSeconds,
-        "ttlSeconds",
-      );
-      return ctx.platform.write((sql) => createJoinToken(sql, ctx.platform.ids, String(poolId), ttl, ctx.platform.now()));
+      const ttl = parseInput(ttlSeconds, args.ttlSeconds ?? ctx.platform.config.hosts.joinTokenTtlSeconds, "ttlSeconds");
+      return mutate(ctx, info, (w) => createJoinToken(w, String(args.poolId), ttl));
     },
   }),
   joinNode: t.field({
     type: NodeCredential,
     description: "Trade a join token (the bearer of this call need not be authenticated) for a node and its credential.",
     args: { token: t.arg.string({ required: true }), name: t.arg.string({ required: true }) },
-    resolve: (_r, { token, name }, ctx) => ctx.platform.write((sql) => joinNode(sql, ctx.platform.ids, token, name, ctx.platform.now())),
+    resolve: (_r, { token, name }, ctx, info) => mutate(ctx, info, (w) => joinNode(w, token, name)),
   }),
   reportStatus: t.field({
     type: ReportAck,
-    description: "A host's StatusReport (core/protocol.ts): sent on every change and as a heartbeat.",
+    description: "A host's StatusReport (host protocol): sent on every change and as a heartbeat.",
     args: { report: t.arg({ type: "JSON", required: true }) },
-    resolve: async (_r, { report }, ctx) => {
+    resolve: (_r, { report }, ctx, info) => {
       const nodeId = requireNode(ctx.principal);
       const parsed = parseInput(statusReport, report, "report");
-      const { platform } = ctx;
-      const result = await platform.write((sql) => recordReport(sql, nodeId, parsed, platform.now()));
-      for (const instanceId of result.wake) await platform.jobs.enqueue("vps.instances", { instanceId });
-      return { generation: result.generation };
+      return mutate(ctx, info, (w) => recordReport(w, nodeId, parsed));
+    },
+  }),
+  reportCommand: t.field({
+    type: CommandAck,
+    description: "A host's word on one of its node's commands: `running` when it takes it, then `succeeded` or `failed`.",
+    args: { report: t.arg({ type: "JSON", required: true }) },
+    resolve: (_r, { report }, ctx, info) => {
+      const nodeId = requireNode(ctx.principal);
+      const parsed = parseInput(commandReport, report, "report");
+      return mutate(ctx, info, (w) => recordCommandReport(w, nodeId, parsed));
     },
   }),
   declareNodeGone: t.field({
     type: "Boolean",
     description: "The host will not come back: revoke its credential and recreate its instances elsewhere.",
     args: { id: t.arg.id({ required: true }) },
-    resolve: async (_r, { id }, ctx) => {
+    resolve: async (_r, { id }, ctx, info) => {
       requireOperator(ctx.principal);
-      const wake = await ctx.platform.write(async (sql, emit) => {
-        const found = await declareNodeGone(sql, String(id), ctx.platform.now());
-        emit({ event: null, revoked: [`node:${id}`] });
-        return found;
-      });
-      for (const instanceId of wake) await ctx.platform.jobs.enqueue("vps.instances", { instanceId });
+      await mutate(ctx, info, (w) => declareNodeGone(w, String(id)));
       return true;
     },
   }),
@@ -84,46 +101,39 @@ builder.mutationFields((t) => ({
 const SPEC_COALESCE_MS = 25;
 
 /**
- * The spec stream: the current spec at once (so a reconnecting agent resumes from the latest), then a new
- * one whenever the generation moves. The bus is read from the start, before the first spec is built: a
- * subscription only becomes live once something pulls from it, and a change in that gap would be lost.
+ * Follow a node-keyed bus channel: yields `read()`'s result at once (so a reconnecting agent resumes from the
+ * latest) and again whenever a message arrives. The bus is read from the start, before the first read: a
+ * subscription only becomes live once something pulls from it, and a change in that gap would be lost. In a
+ * burst (a read less than SPEC_COALESCE_MS ago) the rest of the burst lands first and becomes one read.
  */
-async function* specStream(ctx: Context, nodeId: string) {
-  const { platform } = ctx;
-  const changes = platform.bus.subscribe("nodeSpecs", nodeId);
-  const seen = { newest: -1, ended: false, wake: null as (() => void) | null };
+async function* follow<T>(ctx: Context, channel: "nodeSpecs" | "hostCommands", nodeId: string, read: () => Promise<T>): AsyncGenerator<T> {
+  const changes = ctx.platform.bus.subscribe(channel, nodeId);
+  const seen = { dirty: false, ended: false, wake: null as (() => void) | null };
   const pump = (async () => {
-    for await (const m of changes) {
-      seen.newest = Math.max(seen.newest, m.generation);
+    for await (const _ of changes) {
+      seen.dirty = true;
       seen.wake?.();
     }
   })().finally(() => {
     seen.ended = true;
     seen.wake?.();
   });
-  const read = () => platform.db.transaction((sql) => buildNodeSpec(sql, platform.sealer, { hostNetwork: platform.config.vps.hostNetwork }, nodeId));
   let lastReadAt = Date.now();
   try {
-    let last = await read();
-    yield { generation: last.generation, spec: last };
+    yield await read();
     while (!seen.ended) {
-      if (seen.newest <= last.generation) {
+      if (!seen.dirty) {
         await new Promise<void>((r) => {
           seen.wake = r;
         });
         seen.wake = null;
         continue;
       }
-      // A lone change goes out at once; in a burst (a read less than SPEC_COALESCE_MS ago) the rest of the
-      // burst lands first and becomes one rebuild, so a host taking hundreds of instances is not sent hundreds
-      // of specs.
       const since = Date.now() - lastReadAt;
       await new Promise((r) => (since < SPEC_COALESCE_MS ? setTimeout(r, SPEC_COALESCE_MS - since) : setImmediate(r)));
+      seen.dirty = false;
       lastReadAt = Date.now();
-      const spec = await read();
-      if (spec.generation <= last.generation) continue;
-      last = spec;
-      yield { generation: spec.generation, spec };
+      yield await read();
     }
   } finally {
     await changes.return?.();
@@ -131,14 +141,45 @@ async function* specStream(ctx: Context, nodeId: string) {
   }
 }
 
-builder.subscriptionField("nodeSpec", (t) =>
-  t.field({
+/** The spec stream: a new spec whenever the node's generation moves past the last one sent. */
+async function* specStream(ctx: Context, nodeId: string) {
+  const { platform } = ctx;
+  let last = -1;
+  const read = () => platform.read((sql) => buildNodeSpec(sql, platform.sealer, platform.config.vps.hostNetwork, nodeId));
+  for await (const spec of follow(ctx, "nodeSpecs", nodeId, read)) {
+    if (spec.generation <= last) continue;
+    last = spec.generation;
+    yield { generation: spec.generation, spec };
+  }
+}
+
+/**
+ * The command stream: every command the node should be working on, each once per stream. A new stream (the
+ * agent reconnected, or this server restarted) sends the unfinished ones again: the agent keys its work by id.
+ */
+async function* commandStream(ctx: Context, nodeId: string) {
+  const { platform } = ctx;
+  const sent = new Set<string>();
+  for await (const commands of follow(ctx, "hostCommands", nodeId, () => platform.read((sql) => commandsForNode(sql, nodeId, platform.now())))) {
+    for (const command of commands) {
+      if (sent.has(command.id)) continue;
+      sent.add(command.id);
+      yield { command };
+    }
+  }
+}
+
+builder.subscriptionFields((t) => ({
+  nodeSpec: t.field({
     type: NodeSpecPayload,
     description: "Host agents: the desired set of the node the credential belongs to.",
-    subscribe: (_r, _a, ctx) => {
-      requireAuth(ctx.principal);
-      return specStream(ctx, requireNode(ctx.principal));
-    },
+    subscribe: (_r, _a, ctx) => specStream(ctx, requireNode(ctx.principal)),
     resolve: (payload) => payload,
   }),
-);
+  nodeCommands: t.field({
+    type: NodeCommandPayload,
+    description: "Host agents: the one-shot commands for the node the credential belongs to, unfinished ones first.",
+    subscribe: (_r, _a, ctx) => commandStream(ctx, requireNode(ctx.principal)),
+    resolve: (payload) => payload,
+  }),
+}));

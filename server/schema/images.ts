@@ -1,6 +1,6 @@
 import { requireAuth, requireRead } from "../../core/auth/principal.ts";
-import { registerImage } from "../../core/catalog/images.ts";
-import type { Image as ImageRow } from "../../prisma/generated/client.ts";
+import { type Image as ImageRow, listImages, registerImage } from "../../core/catalog/images.ts";
+import { mutate } from "../context.ts";
 import { builder } from "./builder.ts";
 
 const ImageFormat = builder.enumType("ImageFormat", { values: { RAW: { value: "raw" }, QCOW2: { value: "qcow2" }, ISO: { value: "iso" } } as const });
@@ -11,7 +11,7 @@ const Image = builder.objectRef<ImageRow>("Image").implement({
     name: t.exposeString("name"),
     source: t.exposeString("source", { description: "Where hosts download it from." }),
     sha256: t.exposeString("sha256", { description: "Hosts refuse a download whose digest differs." }),
-    format: t.field({ type: ImageFormat, resolve: (i) => i.format as "raw" }),
+    format: t.field({ type: ImageFormat, resolve: (i) => i.format }),
     verified: t.exposeBoolean("verified", { description: "Vouched for by the operator; instances carry it as imageVerified." }),
     public: t.boolean({ resolve: (i) => i.visibility === "public" }),
     tenantId: t.exposeID("tenantId", { nullable: true, description: "The owner; null for the operator's images." }),
@@ -36,8 +36,7 @@ builder.queryField("images", (t) =>
     description: "The images the caller can boot: its tenant's and the public ones (operators: all).",
     resolve: (_r, _a, ctx) => {
       const p = requireRead(ctx.principal, "compute:images:read");
-      const where = p.operator ? { deletedAt: null } : { deletedAt: null, OR: [{ tenantId: p.tenantId }, { visibility: "public" }] };
-      return ctx.platform.db.prisma.image.findMany({ where, orderBy: { createdAt: "asc" } });
+      return ctx.platform.read((sql) => listImages(sql, p));
     },
   }),
 );
@@ -46,12 +45,10 @@ builder.mutationField("registerImage", (t) =>
   t.field({
     type: Image,
     args: { input: t.arg({ type: RegisterImageInput, required: true }) },
-    resolve: (_r, { input }, ctx) => {
+    resolve: (_r, { input }, ctx, info) => {
       const p = requireAuth(ctx.principal);
       if (!p.operator) requireRead(p, "compute:images:write");
-      return ctx.platform.transact((tx) =>
-        registerImage(tx, ctx.platform.ids, p, { ...input, public: input.public ?? undefined, verified: input.verified ?? undefined }),
-      );
+      return mutate(ctx, info, (w) => registerImage(w, p, { ...input, public: input.public ?? undefined, verified: input.verified ?? undefined }));
     },
   }),
 );

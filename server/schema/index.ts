@@ -7,6 +7,7 @@ import "./images.ts";
 import "./flavors.ts";
 import "./instances.ts";
 import "./hosts.ts";
+import "./snapshots.ts";
 import "./events.ts";
 
 export const schema = builder.toSchema();

@@ -1,8 +1,15 @@
 import { forbidden } from "../../contracts/errors.ts";
 import { requireOperator, requireRead } from "../../core/auth/principal.ts";
-import { createNode, createPool, createProviderAccount, deleteProviderAccount, ipamOf, setNodeCapacity, setNodeState } from "../../core/pools/pools.ts";
-import type { Pool as PoolRow, Prisma, ProviderAccount as ProviderAccountRow } from "../../prisma/generated/client.ts";
-import { writeCtx } from "../context.ts";
+import type { Pool as PoolRow } from "../../core/pools/driver.ts";
+import { createNode, listNodes, type Node as NodeRow, setNodeCapacity, setNodeState } from "../../core/pools/hosted/nodes.ts";
+import { createPool, getPool, ipamOf, listPools } from "../../core/pools/pools.ts";
+import {
+  createProviderAccount,
+  deleteProviderAccount,
+  listProviderAccounts,
+  type ProviderAccount as ProviderAccountRow,
+} from "../../core/pools/provider/accounts.ts";
+import { mutate } from "../context.ts";
 import { builder, Resources } from "./builder.ts";
 
 export const PoolClass = builder.enumType("PoolClass", {
@@ -20,8 +27,6 @@ const NodeState = builder.enumType("NodeState", {
   } as const,
 });
 
-type NodeRow = Prisma.NodeGetPayload<{ include: { gpus: true } }>;
-
 const byModel = (gpus: { model: string }[]) => {
   const counts = new Map<string, number>();
   for (const g of gpus) counts.set(g.model, (counts.get(g.model) ?? 0) + 1);
@@ -34,22 +39,17 @@ export const Node = builder.objectRef<NodeRow>("Node").implement({
     id: t.exposeID("id"),
     name: t.exposeString("name"),
     poolId: t.exposeID("poolId"),
-    state: t.field({ type: NodeState, resolve: (n) => (n.lostAt ? "lost" : (n.state as "ready")) }),
+    state: t.field({ type: NodeState, resolve: (n) => (n.lostAt ? "lost" : n.state) }),
     gone: t.boolean({ description: "Declared gone by an operator: its instances are recreated elsewhere.", resolve: (n) => n.goneAt !== null }),
     specGeneration: t.exposeInt("specGeneration", { description: "Generation of the desired set sent to its agent." }),
     reportedGeneration: t.exposeInt("reportedGeneration", { description: "The generation its agent last reported converged." }),
     capacity: t.field({
       type: Resources,
-      resolve: (n) => ({ vcpus: n.capVcpus, memoryMib: Number(n.capMemoryMib), diskGib: Number(n.capDiskGib), gpus: byModel(n.gpus) }),
+      resolve: (n) => ({ vcpus: n.capVcpus, memoryMib: n.capMemoryMib, diskGib: n.capDiskGib, gpus: byModel(n.gpus) }),
     }),
     allocated: t.field({
       type: Resources,
-      resolve: (n) => ({
-        vcpus: n.allocVcpus,
-        memoryMib: Number(n.allocMemoryMib),
-        diskGib: Number(n.allocDiskGib),
-        gpus: byModel(n.gpus.filter((g) => g.allocationId)),
-      }),
+      resolve: (n) => ({ vcpus: n.allocVcpus, memoryMib: n.allocMemoryMib, diskGib: n.allocDiskGib, gpus: byModel(n.gpus.filter((g) => g.allocated)) }),
     }),
     instances: t.exposeInt("allocInstances", { description: "Instances placed on it." }),
     lastReportAt: t.expose("lastReportAt", { type: "DateTime", nullable: true }),
@@ -69,17 +69,17 @@ export const Pool = builder.objectRef<PoolRow>("Pool").implement({
   fields: (t) => ({
     id: t.exposeID("id"),
     name: t.exposeString("name"),
-    class: t.field({ type: PoolClass, resolve: (p) => p.class as "vps-host" }),
+    class: t.field({ type: PoolClass, resolve: (p) => p.class as "vps-host" | "provider" }),
     agent: t.exposeString("agent"),
     runtime: t.exposeString("runtime", { nullable: true }),
     providerAccountId: t.exposeID("providerAccountId", { nullable: true }),
-    singleTenant: t.boolean({ resolve: (p) => (p.policy as { singleTenant?: boolean }).singleTenant === true }),
-    ipam: t.field({ type: Ipam, nullable: true, resolve: (p, _a, ctx) => ipamOf(ctx.platform.db.prisma, p.id) }),
+    singleTenant: t.exposeBoolean("singleTenant"),
+    ipam: t.field({ type: Ipam, nullable: true, resolve: (p, _a, ctx) => ctx.platform.read((sql) => ipamOf(sql, p.id)) }),
     nodes: t.field({
       type: [Node],
       resolve: (p, _a, ctx) => {
         if (!ctx.principal?.operator) throw forbidden("nodes are visible to operators only");
-        return ctx.platform.db.prisma.node.findMany({ where: { poolId: p.id }, include: { gpus: true }, orderBy: { name: "asc" } });
+        return ctx.platform.read((sql) => listNodes(sql, p.id));
       },
     }),
     createdAt: t.expose("createdAt", { type: "DateTime" }),
@@ -91,16 +91,16 @@ builder.queryFields((t) => ({
     type: [Pool],
     resolve: (_r, _a, ctx) => {
       requireRead(ctx.principal, "compute:pools:read");
-      return ctx.platform.db.prisma.pool.findMany({ orderBy: { name: "asc" } });
+      return ctx.platform.read(listPools);
     },
   }),
   pool: t.field({
     type: Pool,
     nullable: true,
     args: { id: t.arg.id({ required: true }) },
-    resolve: (_r, { id }, ctx) => {
+    resolve: async (_r, { id }, ctx) => {
       requireRead(ctx.principal, "compute:pools:read");
-      return ctx.platform.db.prisma.pool.findUnique({ where: { id: String(id) } });
+      return (await ctx.platform.read((sql) => getPool(sql, String(id)))) ?? null;
     },
   }),
   nodes: t.field({
@@ -108,7 +108,7 @@ builder.queryFields((t) => ({
     args: { poolId: t.arg.id({ required: true }) },
     resolve: (_r, { poolId }, ctx) => {
       requireOperator(ctx.principal);
-      return ctx.platform.db.prisma.node.findMany({ where: { poolId: String(poolId) }, include: { gpus: true }, orderBy: { name: "asc" } });
+      return ctx.platform.read((sql) => listNodes(sql, String(poolId)));
     },
   }),
 }));
@@ -141,52 +141,40 @@ const CreateNodeInput = builder.inputType("CreateNodeInput", {
   fields: (t) => ({ poolId: t.id({ required: true }), name: t.string({ required: true }), capacity: t.field({ type: CapacityInput, required: true }) }),
 });
 
-const withGpus = { include: { gpus: true } } as const;
-
 builder.mutationFields((t) => ({
   createPool: t.field({
     type: Pool,
     args: { input: t.arg({ type: CreatePoolInput, required: true }) },
-    resolve: (_r, { input }, ctx) => {
+    resolve: (_r, { input }, ctx, info) => {
       requireOperator(ctx.principal);
-      const runtime = ctx.platform.config.vps.runtimes[0] as string;
-      return ctx.platform.transact((tx) =>
-        createPool(tx, { ...writeCtx(ctx), runtime }, { ...input, providerAccountId: input.providerAccountId ? String(input.providerAccountId) : null }),
+      return mutate(ctx, info, (w) =>
+        createPool(w, { ...input, providerAccountId: input.providerAccountId ? String(input.providerAccountId) : null }, ctx.platform.drivers),
       );
     },
   }),
   createNode: t.field({
     type: Node,
     args: { input: t.arg({ type: CreateNodeInput, required: true }) },
-    resolve: (_r, { input }, ctx) => {
+    resolve: (_r, { input }, ctx, info) => {
       requireOperator(ctx.principal);
-      return ctx.platform.transact(async (tx) => {
-        const node = await createNode(tx, writeCtx(ctx), { ...input, poolId: String(input.poolId) });
-        return tx.node.findUniqueOrThrow({ where: { id: node.id }, ...withGpus });
-      });
+      return mutate(ctx, info, (w) => createNode(w, { ...input, poolId: String(input.poolId) }));
     },
   }),
   setNodeCapacity: t.field({
     type: Node,
     args: { id: t.arg.id({ required: true }), capacity: t.arg({ type: CapacityInput, required: true }) },
-    resolve: (_r, { id, capacity }, ctx) => {
+    resolve: (_r, { id, capacity }, ctx, info) => {
       requireOperator(ctx.principal);
-      return ctx.platform.transact(async (tx) => {
-        await setNodeCapacity(tx, writeCtx(ctx), String(id), capacity);
-        return tx.node.findUniqueOrThrow({ where: { id: String(id) }, ...withGpus });
-      });
+      return mutate(ctx, info, (w) => setNodeCapacity(w, String(id), capacity));
     },
   }),
   setNodeState: t.field({
     type: Node,
     args: { id: t.arg.id({ required: true }), state: t.arg({ type: NodeState, required: true }) },
-    resolve: (_r, { id, state }, ctx) => {
+    resolve: (_r, { id, state }, ctx, info) => {
       requireOperator(ctx.principal);
       if (state === "lost") throw forbidden("nodes become lost when they stop reporting, not by request");
-      return ctx.platform.transact(async (tx) => {
-        await setNodeState(tx, writeCtx(ctx), String(id), state);
-        return tx.node.findUniqueOrThrow({ where: { id: String(id) }, ...withGpus });
-      });
+      return mutate(ctx, info, (w) => setNodeState(w, String(id), state));
     },
   }),
 }));
@@ -211,7 +199,7 @@ builder.queryField("providerAccounts", (t) =>
     type: [ProviderAccount],
     resolve: (_r, _a, ctx) => {
       requireOperator(ctx.principal);
-      return ctx.platform.db.prisma.providerAccount.findMany({ orderBy: { name: "asc" } });
+      return ctx.platform.read(listProviderAccounts);
     },
   }),
 );
@@ -220,17 +208,17 @@ builder.mutationFields((t) => ({
   createProviderAccount: t.field({
     type: ProviderAccount,
     args: { input: t.arg({ type: CreateProviderAccountInput, required: true }) },
-    resolve: (_r, { input }, ctx) => {
+    resolve: (_r, { input }, ctx, info) => {
       requireOperator(ctx.principal);
-      return ctx.platform.transact((tx) => createProviderAccount(tx, { ...writeCtx(ctx), providers: ctx.platform.config.vps.providers }, input));
+      return mutate(ctx, info, (w) => createProviderAccount(w, ctx.platform.config.vps.providers, input));
     },
   }),
   deleteProviderAccount: t.field({
     type: ProviderAccount,
     args: { id: t.arg.id({ required: true }) },
-    resolve: (_r, { id }, ctx) => {
+    resolve: (_r, { id }, ctx, info) => {
       requireOperator(ctx.principal);
-      return ctx.platform.transact((tx) => deleteProviderAccount(tx, writeCtx(ctx), String(id)));
+      return mutate(ctx, info, (w) => deleteProviderAccount(w, String(id)));
     },
   }),
 }));

@@ -1,16 +1,18 @@
 import { notFound } from "../../contracts/errors.ts";
 import { requireAuth, requireOperator, requireRead, requireTenantScope } from "../../core/auth/principal.ts";
-import { createApiToken, createProject, createTenant, quotaOf, revokeApiToken, setQuotaLimits } from "../../core/tenancy/tenants.ts";
-import type { ApiToken as ApiTokenRow, Project as ProjectRow, Tenant as TenantRow } from "../../prisma/generated/client.ts";
-import { writeCtx } from "../context.ts";
+import { type ApiToken as ApiTokenRow, createApiToken, revokeApiToken } from "../../core/auth/tokens.ts";
+import { createProject, listProjects, type Project as ProjectRow } from "../../core/tenancy/projects.ts";
+import { type QuotaItem as QuotaItemRow, quotaOf } from "../../core/tenancy/quota.ts";
+import { createTenant, getTenant, listTenants, setTenantQuota, type Tenant as TenantRow } from "../../core/tenancy/tenants.ts";
+import { mutate } from "../context.ts";
 import { builder, GpuCountInput } from "./builder.ts";
 
-const QuotaItem = builder.objectRef<{ resource: string; limit: bigint | null; used: bigint }>("QuotaItem").implement({
+const QuotaItem = builder.objectRef<QuotaItemRow>("QuotaItem").implement({
   description: "One quota resource: `instances`, `vcpus`, `memory_mib`, `disk_gib` or `gpu:<model>`; a null limit is unlimited.",
   fields: (t) => ({
     resource: t.exposeString("resource"),
-    limit: t.float({ nullable: true, resolve: (q) => (q.limit === null ? null : Number(q.limit)) }),
-    used: t.float({ resolve: (q) => Number(q.used) }),
+    limit: t.exposeFloat("limit", { nullable: true }),
+    used: t.exposeFloat("used"),
   }),
 });
 
@@ -19,7 +21,7 @@ export const Tenant = builder.objectRef<TenantRow>("Tenant").implement({
     id: t.exposeID("id"),
     name: t.exposeString("name"),
     createdAt: t.expose("createdAt", { type: "DateTime" }),
-    quota: t.field({ type: [QuotaItem], resolve: (tenant, _a, ctx) => quotaOf(ctx.platform.db.prisma, tenant.id) }),
+    quota: t.field({ type: [QuotaItem], resolve: (tenant, _a, ctx) => ctx.platform.read((sql) => quotaOf(sql, tenant.id)) }),
   }),
 });
 
@@ -43,17 +45,17 @@ builder.queryFields((t) => ({
     type: [Tenant],
     resolve: (_r, _a, ctx) => {
       requireOperator(ctx.principal);
-      return ctx.platform.db.prisma.tenant.findMany({ orderBy: { createdAt: "asc" } });
+      return ctx.platform.read(listTenants);
     },
   }),
   tenant: t.field({
     type: Tenant,
     nullable: true,
     args: { id: t.arg.id({ required: true }) },
-    resolve: (_r, { id }, ctx) => {
+    resolve: async (_r, { id }, ctx) => {
       const p = requireAuth(ctx.principal);
       if (!p.operator && p.tenantId !== id) return null;
-      return ctx.platform.db.prisma.tenant.findUnique({ where: { id: String(id) } });
+      return (await ctx.platform.read((sql) => getTenant(sql, String(id)))) ?? null;
     },
   }),
 }));
@@ -62,22 +64,17 @@ builder.mutationFields((t) => ({
   createTenant: t.field({
     type: Tenant,
     args: { input: t.arg({ type: CreateTenantInput, required: true }) },
-    resolve: (_r, { input }, ctx) => {
+    resolve: (_r, { input }, ctx, info) => {
       requireOperator(ctx.principal);
-      return ctx.platform.transact((tx) => createTenant(tx, writeCtx(ctx), input));
+      return mutate(ctx, info, (w) => createTenant(w, input));
     },
   }),
   setTenantQuota: t.field({
     type: Tenant,
     args: { tenantId: t.arg.id({ required: true }), quota: t.arg({ type: QuotaInput, required: true }) },
-    resolve: (_r, { tenantId, quota }, ctx) => {
+    resolve: (_r, { tenantId, quota }, ctx, info) => {
       requireOperator(ctx.principal);
-      return ctx.platform.transact(async (tx) => {
-        const tenant = await tx.tenant.findUnique({ where: { id: String(tenantId) } });
-        if (!tenant) throw notFound("tenant", String(tenantId));
-        await setQuotaLimits(tx, tenant.id, quota);
-        return tenant;
-      });
+      return mutate(ctx, info, (w) => setTenantQuota(w, String(tenantId), quota));
     },
   }),
 }));
@@ -115,21 +112,17 @@ builder.mutationFields((t) => ({
   createApiToken: t.field({
     type: CreatedApiToken,
     args: { input: t.arg({ type: CreateApiTokenInput, required: true }) },
-    resolve: (_r, { input }, ctx) => {
+    resolve: (_r, { input }, ctx, info) => {
       requireOperator(ctx.principal);
-      return ctx.platform.transact((tx) => createApiToken(tx, writeCtx(ctx), { ...input, tenantId: String(input.tenantId) }));
+      return mutate(ctx, info, (w) => createApiToken(w, { ...input, tenantId: String(input.tenantId) }));
     },
   }),
   revokeApiToken: t.field({
     type: ApiToken,
     args: { id: t.arg.id({ required: true }) },
-    resolve: (_r, { id }, ctx) => {
+    resolve: (_r, { id }, ctx, info) => {
       requireOperator(ctx.principal);
-      return ctx.platform.transact(async (tx, emit) => {
-        const token = await revokeApiToken(tx, writeCtx(ctx), String(id));
-        emit({ event: null, revoked: [`tok:${token.id}`] });
-        return token;
-      });
+      return mutate(ctx, info, (w) => revokeApiToken(w, String(id)));
     },
   }),
 }));
@@ -150,7 +143,7 @@ builder.queryField("projects", (t) =>
     resolve: (_r, { tenantId }, ctx) => {
       const p = requireRead(ctx.principal, "compute:projects:read");
       const tenant = p.operator ? (tenantId ? String(tenantId) : undefined) : (p.tenantId as string);
-      return ctx.platform.db.prisma.project.findMany({ where: { tenantId: tenant }, orderBy: { createdAt: "asc" } });
+      return ctx.platform.read((sql) => listProjects(sql, tenant));
     },
   }),
 );
@@ -159,19 +152,14 @@ builder.mutationField("createProject", (t) =>
   t.field({
     type: Project,
     args: { name: t.arg.string({ required: true }), tenantId: t.arg.id({ description: "Operators: the tenant it belongs to." }) },
-    resolve: (_r, { name, tenantId }, ctx) => {
+    resolve: (_r, { name, tenantId }, ctx, info) => {
       const p = requireAuth(ctx.principal);
-      return ctx.platform.transact(async (tx) => {
-        let owner: string;
-        if (p.operator) {
-          if (!tenantId || !(await tx.tenant.findUnique({ where: { id: String(tenantId) }, select: { id: true } })))
-            throw notFound("tenant", String(tenantId ?? ""));
-          owner = String(tenantId);
-        } else {
-          owner = requireTenantScope(p, "compute:projects:write").tenantId;
-        }
-        return createProject(tx, writeCtx(ctx), owner, { name });
-      });
+      let owner: string;
+      if (p.operator) {
+        if (!tenantId) throw notFound("tenant", "");
+        owner = String(tenantId);
+      } else owner = requireTenantScope(p, "compute:projects:write").tenantId;
+      return mutate(ctx, info, (w) => createProject(w, owner, { name }));
     },
   }),
 );

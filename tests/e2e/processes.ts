@@ -173,7 +173,7 @@ export async function startCluster(opts: {
     },
     /** A database handle for checking the rows (the ledger and event checks of tests/support). */
     async inspect<T>(fn: (platform: { db: Database }) => Promise<T>): Promise<T> {
-      inspector ??= openDatabase({ databaseUrl: db.url, poolSize: 2 });
+      inspector ??= openDatabase({ databaseUrl: db.url, poolSize: 2, prisma: true });
       return fn({ db: await inspector });
     },
     async restartWorker(signal: NodeJS.Signals = "SIGKILL") {

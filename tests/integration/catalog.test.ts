@@ -26,7 +26,7 @@ import { expectCode, type Harness, startHarness } from "../support/harness.ts";
 
 let h: Harness;
 beforeAll(async () => {
-  h = await startHarness({ PROVIDERS: "hetzner-cloud,proxmox" });
+  h = await startHarness({ PROVIDERS: "hetzner-cloud,proxmox-ve" });
 });
 afterAll(() => h?.close());
 
@@ -166,14 +166,14 @@ describe("provider accounts", () => {
     );
     await expectCode(
       h.operator.request(CreateProviderAccountDocument, {
-        input: { name: "x", provider: "proxmox", config: { endpoint: "not a url", tokenId: "a", tokenSecret: { secretRef: "env:X" } } },
+        input: { name: "x", provider: "proxmox-ve", config: { endpoint: "not a url", tokenId: "a", tokenSecret: { secretRef: "env:X" } } },
       }),
       "INVALID_INPUT",
     );
     const { createProviderAccount } = await h.operator.request(CreateProviderAccountDocument, {
       input: {
         name: "pve",
-        provider: "proxmox",
+        provider: "proxmox-ve",
         config: { endpoint: "https://pve.invalid:8006", tokenId: "root@pam!bc", tokenSecret: { secretRef: "env:PVE_SECRET" } },
       },
     });

@@ -67,7 +67,7 @@ export async function startHarness(env: Record<string, string> = {}): Promise<Ha
       ...Object.fromEntries(Object.entries(env).map(([k, v]) => [k, v === "" ? undefined : v])),
     },
   );
-  const database = await openDatabase({ databaseUrl: db.url, poolSize: 20 });
+  const database = await openDatabase({ databaseUrl: db.url, poolSize: 20, prisma: true });
   const platform = await openPlatform(config, { db: database });
   const app = await startServer(platform, { port: 0, host: "127.0.0.1" });
   const client = (token?: string) => createClient({ url: app.url, token });

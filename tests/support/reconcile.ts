@@ -1,4 +1,5 @@
-import { lockInstance, transition } from "../../core/instances/changes.ts";
+import { lockInstance } from "../../core/instances/changes.ts";
+import { transition } from "../../core/instances/lifecycle.ts";
 import type { Platform } from "../../infra/platform.ts";
 
 /**
@@ -6,24 +7,16 @@ import type { Platform } from "../../infra/platform.ts";
  * allocation, lease and quota. Tests of admission use it to close the loop before the reconciler exists.
  */
 export async function confirmDeleted(platform: Platform, id: string): Promise<void> {
-  await platform.write(async (sql, emit) => {
-    let inst = await lockInstance(sql, null, id);
-    const ctx = { actor: "test:host", now: platform.now() };
-    if (inst.state !== "deleting") {
-      const c = await transition(sql, inst, "deleting", "host:deleting", ctx);
-      emit(c);
-      inst = c.instance;
-    }
-    emit(await transition(sql, inst, "deleted", "host:gone", ctx));
+  await platform.write({ actor: "test:host" }, async (w) => {
+    let inst = await lockInstance(w, null, id);
+    if (inst.state !== "deleting") inst = await transition(w, inst, "deleting", "host:deleting");
+    await transition(w, inst, "deleted", "host:gone");
   });
 }
 
 /** Move an instance along a path of states, as host reports would. */
 export async function walk(platform: Platform, id: string, states: string[]): Promise<void> {
   for (const to of states) {
-    await platform.write(async (sql, emit) => {
-      const inst = await lockInstance(sql, null, id);
-      emit(await transition(sql, inst, to as never, `host:${to}`, { actor: "test:host", now: platform.now() }));
-    });
+    await platform.write({ actor: "test:host" }, async (w) => transition(w, await lockInstance(w, null, id), to as never, `host:${to}`));
   }
 }

@@ -1,8 +1,9 @@
 import { describe, expect, it } from "vitest";
 import { z } from "zod";
 import { AppError } from "../../contracts/errors.ts";
-import { defineProvider, hetznerCloud } from "../../core/pools/provider/contract.ts";
+import { defineProvider } from "../../core/pools/provider/contract.ts";
 import { parseConfig } from "../../infra/config.ts";
+import { hetznerCloud } from "../../providers/hetzner-cloud/index.ts";
 
 function configError(fn: () => unknown): AppError {
   try {

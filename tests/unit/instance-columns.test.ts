@@ -1,6 +1,6 @@
 import { readFileSync } from "node:fs";
 import { describe, expect, it } from "vitest";
-import { INSTANCE_COLUMNS } from "../../core/kernel/db.ts";
+import { INSTANCE_COLUMNS } from "../../core/instances/model.ts";
 
 // The plain-SQL path reads instances through INSTANCE_COLUMNS; a column missing there reads as undefined and
 // silently breaks whatever decides on it (the reconciler once ignored every host report this way).

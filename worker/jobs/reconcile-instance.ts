@@ -9,13 +9,8 @@ const MAX_STEPS = 16;
  * step re-reads the row under its lock, so stale and duplicate jobs do nothing.
  */
 export async function reconcileInstance(platform: Platform, instanceId: string): Promise<void> {
-  const deps = { ids: platform.ids, now: platform.now, maxRecreateAttempts: platform.config.hosts.maxRecreateAttempts };
   for (let step = 0; step < MAX_STEPS; step++) {
-    const change = await platform.write(async (sql, emit) => {
-      const c = await reconcileOnce(sql, deps, instanceId);
-      emit(c);
-      return c;
-    });
-    if (!change) return;
+    const changed = await platform.write({ actor: "reconciler" }, (w) => reconcileOnce(w, platform.drivers, instanceId));
+    if (!changed) return;
   }
 }

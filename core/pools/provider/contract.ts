@@ -1,8 +1,9 @@
 import { z } from "zod";
 
 /**
- * What a provider plugin declares: its id (what provider accounts name) and the shape of an account's config.
- * The implementation (create, get, delete against the cloud's API) registers against the same id in worker/.
+ * The provider contract: what a provider plugin (providers/<id>/) declares so that provider accounts can name
+ * it — its id and the shape of an account's config. The operations on the cloud's API (create, get, start,
+ * stop, delete, list) join this contract with the provider pools capability.
  */
 export interface ProviderDefinition {
   id: string;
@@ -13,27 +14,4 @@ export interface ProviderDefinition {
 export const defineProvider = (def: ProviderDefinition): ProviderDefinition => def;
 
 /** A secret is referenced, never stored inline: `{ secretRef: "env:HCLOUD_TOKEN" }`. */
-const secretRef = z.object({ secretRef: z.string().min(1) }).strict();
-
-export const hetznerCloud = defineProvider({
-  id: "hetzner-cloud",
-  displayName: "Hetzner Cloud",
-  accountConfig: z.object({ token: secretRef, location: z.string().min(1).optional(), endpoint: z.url().optional() }).strict(),
-});
-
-export const proxmox = defineProvider({
-  id: "proxmox",
-  displayName: "Proxmox VE",
-  accountConfig: z
-    .object({
-      endpoint: z.url(),
-      tokenId: z.string().min(1),
-      tokenSecret: secretRef,
-      node: z.string().min(1).optional(),
-      storage: z.string().min(1).optional(),
-    })
-    .strict(),
-});
-
-/** The definitions the env (`PROVIDERS=hetzner-cloud,proxmox`) can name. */
-export const builtinProviders: readonly ProviderDefinition[] = [hetznerCloud, proxmox];
+export const secretRef = z.object({ secretRef: z.string().min(1) }).strict();

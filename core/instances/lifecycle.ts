@@ -1,0 +1,85 @@
+import { AppError, invalid, notFound } from "../../contracts/errors.ts";
+import type { Principal } from "../auth/principal.ts";
+import { flavorByName } from "../catalog/flavors.ts";
+import { chargeOf, gpuCount, type Shape, shape as shapeSchema } from "../catalog/shapes.ts";
+import { parseInput } from "../kernel/validation.ts";
+import type { Write } from "../kernel/write.ts";
+import type { Pool } from "../pools/driver.ts";
+import { getPool } from "../pools/pools.ts";
+import { driverFor, requireCapability } from "../pools/registry.ts";
+import { chargeQuota, releaseQuota } from "../tenancy/quota.ts";
+import { lockInstance, markDeleted, writeChange } from "./changes.ts";
+import type { Instance } from "./model.ts";
+import type { DesiredState, InstanceState } from "./state.ts";
+
+/**
+ * What owners ask of an existing instance. Requests only record intent (desiredState) and wake the reconciler;
+ * the few that change holdings at once (resize) do it in the request's transaction, so a refusal leaves
+ * everything as it was.
+ */
+
+/** The pool of a locked instance (it exists: instances reference their pool). */
+async function poolOf(w: Write, inst: Instance): Promise<Pool> {
+  const pool = await getPool(w.sql, inst.poolId);
+  if (!pool) throw notFound("pool", inst.poolId);
+  return pool;
+}
+
+/** start / stop / pause / delete. Asking again for what is already asked changes nothing. */
+export async function setDesiredState(w: Write, who: Principal, id: string, desired: DesiredState): Promise<Instance> {
+  const inst = await lockInstance(w, who, id);
+  if (inst.desiredState === desired) {
+    w.unchanged();
+    return inst;
+  }
+  if (inst.desiredState === "deleted") throw new AppError("PRECONDITION_FAILED", `instance ${id} is being deleted`, { state: inst.state });
+  // Pausing keeps the guest's memory on a host of ours; not every pool class has such a verb.
+  if (desired === "paused") requireCapability(await poolOf(w, inst), "pause", "pausing an instance");
+  w.audit({ targetId: inst.id, tenantId: inst.tenantId, details: { desired } });
+  return writeChange(w, inst, { desired_state: desired }, `requested:${desired}`);
+}
+
+/**
+ * Resize in place: stopped only, same number of GPUs, a disk that only grows. The pool's driver gives back the
+ * old hold and takes the new one; the quota charge moves with it.
+ */
+export async function resizeInstance(w: Write, who: Principal, id: string, flavorName: string): Promise<Instance> {
+  const inst = await lockInstance(w, who, id);
+  const pool = await poolOf(w, inst);
+  const driver = requireCapability(pool, "resize", "resizing an instance");
+  if (inst.state !== "stopped" || inst.desiredState !== "stopped") {
+    throw new AppError("PRECONDITION_FAILED", `resize needs a stopped instance; ${id} is ${inst.state} (desired ${inst.desiredState})`, { state: inst.state });
+  }
+  const flavor = await flavorByName(w.sql, inst.poolId, flavorName);
+  if (!flavor) throw notFound("flavor", `${flavorName} in pool ${inst.poolId}`);
+  if (flavor.name === inst.flavor) {
+    w.unchanged();
+    return inst;
+  }
+  const next: Shape = parseInput(shapeSchema, flavor, "flavor");
+  const held = gpuCount(inst);
+  if (gpuCount(next) !== held) throw invalid(`resize keeps the GPU count: ${inst.flavor} has ${held}, ${flavor.name} has ${gpuCount(next)}`);
+  // A disk only grows: shrinking it would cut off whatever the guest wrote past the new end.
+  if (next.diskGib < inst.diskGib)
+    throw invalid(`resize cannot shrink the disk: ${inst.flavor} has ${inst.diskGib} GiB, ${flavor.name} has ${next.diskGib} GiB`);
+  const moved = await driver.resize(w, inst, pool, next);
+  const charge = chargeOf(next);
+  await releaseQuota(w.sql, inst.tenantId, inst.charge);
+  await chargeQuota(w.sql, inst.tenantId, charge);
+  w.audit({ targetId: inst.id, tenantId: inst.tenantId, details: { from: inst.flavor, to: flavor.name } });
+  return writeChange(
+    w,
+    inst,
+    { ...moved, state: "resizing", flavor: flavor.name, vcpus: next.vcpus, memory_mib: next.memoryMib, disk_gib: next.diskGib, gpus: next.gpus, charge },
+    "requested:resize",
+  );
+}
+
+/**
+ * Move a locked instance's `state` one step, as a reconciler would. Reaching `deleted` gives back what it
+ * held through its pool's driver, and its quota charge.
+ */
+export async function transition(w: Write, inst: Instance, to: InstanceState, reason: string): Promise<Instance> {
+  if (to !== "deleted") return writeChange(w, inst, { state: to }, reason);
+  return markDeleted(w, inst, reason, await driverFor((await poolOf(w, inst)).class).release(w, inst));
+}

@@ -1,0 +1,142 @@
+import { AppError, notFound } from "../../contracts/errors.ts";
+import { snapshotResult } from "../../contracts/host.ts";
+import type { Principal } from "../auth/principal.ts";
+import { one, type Sql } from "../kernel/db.ts";
+import type { Write } from "../kernel/write.ts";
+import { enqueueCommand, FINAL_STATES, type HostCommandRow, settleCommand, unsettledCommands } from "../pools/hosted/commands.ts";
+import { getPool } from "../pools/pools.ts";
+import { requireCapability } from "../pools/registry.ts";
+import { lockInstance, writeChange } from "./changes.ts";
+import type { Instance } from "./model.ts";
+
+/**
+ * Snapshots and restores of an instance's memory and disk: requests record a host command for the instance's
+ * node (nothing in the request calls the host); the reconciler settles what the host reported. Each request
+ * and each outcome is an instance event, so watchers see them on the instance's timeline.
+ */
+
+export type SnapshotState = "creating" | "ready" | "failed" | "deleted";
+
+export interface Snapshot {
+  id: string;
+  instanceId: string;
+  tenantId: string;
+  nodeId: string;
+  state: SnapshotState;
+  sizeBytes: number | null;
+  error: string | null;
+  createdAt: Date;
+  readyAt: Date | null;
+}
+
+const COLUMNS = `id, instance_id AS "instanceId", tenant_id AS "tenantId", node_id AS "nodeId", state, size_bytes::float8 AS "sizeBytes", error,
+  created_at AS "createdAt", ready_at AS "readyAt"`;
+
+export interface CommandDeps {
+  /** How long a host has to finish a snapshot or restore before it is given up. */
+  timeoutMs: number;
+}
+
+/** An instance that can take a snapshot or restore now: on a host of ours that is there, running or paused, with no other command in flight. */
+async function lockForCommand(w: Write, who: Principal, id: string, what: string): Promise<Instance & { nodeId: string }> {
+  const inst = await lockInstance(w, who, id);
+  const pool = await getPool(w.sql, inst.poolId);
+  if (!pool) throw notFound("pool", inst.poolId);
+  requireCapability(pool, "snapshot", what);
+  if (!["running", "paused"].includes(inst.state) || !["running", "paused"].includes(inst.desiredState) || !inst.nodeId)
+    throw new AppError("PRECONDITION_FAILED", `${what} needs a running or paused instance; ${id} is ${inst.state} (desired ${inst.desiredState})`, {
+      state: inst.state,
+    });
+  const node = await one<{ away: boolean }>(w.sql, `SELECT lost_at IS NOT NULL OR gone_at IS NOT NULL AS away FROM nodes WHERE id = $1`, [inst.nodeId]);
+  if (node?.away) throw new AppError("PRECONDITION_FAILED", `${what}: the host of ${id} is not reporting`);
+  const busy = await one<{ kind: string }>(w.sql, `SELECT kind FROM host_commands WHERE instance_id = $1 AND settled_at IS NULL LIMIT 1`, [id]);
+  if (busy) throw new AppError("PRECONDITION_FAILED", `${what}: an ${busy.kind} of ${id} is still in progress`);
+  return inst as Instance & { nodeId: string };
+}
+
+export async function snapshotInstance(w: Write, who: Principal, id: string, deps: CommandDeps): Promise<Snapshot> {
+  const inst = await lockForCommand(w, who, id, "a snapshot");
+  const snapshotId = w.ids("snap");
+  const [snap] = await w.sql.query<Snapshot>(
+    `INSERT INTO instance_snapshots (id, instance_id, tenant_id, node_id, created_at) VALUES ($1, $2, $3, $4, $5) RETURNING ${COLUMNS}`,
+    [snapshotId, inst.id, inst.tenantId, inst.nodeId, w.now],
+  );
+  const cmd = await enqueueCommand(w, {
+    nodeId: inst.nodeId,
+    instanceId: inst.id,
+    kind: "instance.snapshot",
+    args: { instanceId: inst.id, snapshotId },
+    timeoutMs: deps.timeoutMs,
+  });
+  await writeChange(w, inst, {}, "requested:snapshot");
+  w.audit({ targetId: snapshotId, tenantId: inst.tenantId, details: { instanceId: inst.id, nodeId: inst.nodeId, command: cmd.id } });
+  return snap as Snapshot;
+}
+
+export async function restoreInstance(w: Write, who: Principal, id: string, snapshotId: string, deps: CommandDeps): Promise<Instance> {
+  const inst = await lockForCommand(w, who, id, "a restore");
+  const snap = await one<Snapshot>(w.sql, `SELECT ${COLUMNS} FROM instance_snapshots WHERE id = $1 AND instance_id = $2`, [snapshotId, inst.id]);
+  if (!snap) throw notFound("snapshot", `${snapshotId} of instance ${id}`);
+  if (snap.state !== "ready") throw new AppError("PRECONDITION_FAILED", `snapshot ${snapshotId} is ${snap.state}, not ready`, { state: snap.state });
+  // The snapshot's files are on the host that took it; an instance recreated elsewhere cannot go back to it.
+  if (snap.nodeId !== inst.nodeId)
+    throw new AppError("PRECONDITION_FAILED", `snapshot ${snapshotId} is on node ${snap.nodeId}; instance ${id} now runs on ${inst.nodeId}`);
+  const cmd = await enqueueCommand(w, {
+    nodeId: inst.nodeId,
+    instanceId: inst.id,
+    kind: "instance.restore",
+    args: { instanceId: inst.id, snapshotId },
+    timeoutMs: deps.timeoutMs,
+  });
+  w.audit({ targetId: inst.id, tenantId: inst.tenantId, details: { snapshotId, command: cmd.id } });
+  return writeChange(w, inst, {}, "requested:restore");
+}
+
+/**
+ * Apply what the host did with the instance's commands, one per call (the reconciler loops): a finished
+ * snapshot becomes ready or failed, a restore is recorded, a command past its deadline is given up. For an
+ * instance that is gone, unfinished commands are cancelled and its snapshots go with it (their files were
+ * removed with the domain). Returns the instance when it changed.
+ */
+export async function settleCommands(w: Write, inst: Instance): Promise<Instance | null> {
+  const pending = await unsettledCommands(w, inst.id);
+  if (inst.state === "deleted") {
+    for (const c of pending) await settleCommand(w, c.id, FINAL_STATES.includes(c.state) ? undefined : "cancelled");
+    await w.sql.query(`UPDATE instance_snapshots SET state = 'deleted' WHERE instance_id = $1 AND state <> 'deleted'`, [inst.id]);
+    return null;
+  }
+  for (const c of pending) {
+    const expired = !FINAL_STATES.includes(c.state) && c.deadline <= w.now;
+    if (!FINAL_STATES.includes(c.state) && !expired) continue;
+    await settleCommand(w, c.id, expired ? "expired" : undefined);
+    const outcome: Outcome = expired ? { ok: false, error: `the host did not finish ${c.kind} before its deadline` } : outcomeOf(c);
+    const snapshotId = String(c.args.snapshotId);
+    if (c.kind === "instance.snapshot") {
+      await w.sql.query(
+        `UPDATE instance_snapshots SET state = $2, size_bytes = $3, error = $4, ready_at = CASE WHEN $2 = 'ready' THEN $5 ELSE NULL END
+          WHERE id = $1 AND state = 'creating'`,
+        [snapshotId, outcome.ok ? "ready" : "failed", outcome.ok ? outcome.sizeBytes : null, outcome.ok ? null : outcome.error, w.now],
+      );
+      return writeChange(w, inst, {}, outcome.ok ? "snapshot:ready" : "snapshot:failed");
+    }
+    return writeChange(w, inst, {}, outcome.ok ? "restored" : "restore:failed");
+  }
+  return null;
+}
+
+type Outcome = { ok: true; sizeBytes: number | null } | { ok: false; error: string };
+
+function outcomeOf(c: HostCommandRow): Outcome {
+  if (c.state !== "succeeded") return { ok: false, error: c.error ?? `${c.kind} ${c.state}` };
+  if (c.kind !== "instance.snapshot") return { ok: true, sizeBytes: null };
+  const r = snapshotResult.safeParse(c.result);
+  return r.success ? { ok: true, sizeBytes: r.data.sizeBytes } : { ok: false, error: "the host reported a snapshot result that does not parse" };
+}
+
+export async function listSnapshots(sql: Sql, instanceId: string): Promise<Snapshot[]> {
+  return sql.query<Snapshot>(`SELECT ${COLUMNS} FROM instance_snapshots WHERE instance_id = $1 ORDER BY created_at, id`, [instanceId]);
+}
+
+export async function getSnapshot(sql: Sql, id: string): Promise<Snapshot | undefined> {
+  return one<Snapshot>(sql, `SELECT ${COLUMNS} FROM instance_snapshots WHERE id = $1`, [id]);
+}

@@ -1,0 +1,121 @@
+import type { InstanceEventMessage } from "../../contracts/channels.ts";
+import type { Sql } from "./db.ts";
+import type { IdSource } from "./ids.ts";
+
+/**
+ * The one write path (docs/architecture.md, "The write path"). Every change — a mutation, a reconciler step,
+ * the sweep, a host's report — runs as one `Write`: a transaction plus what it must announce once committed.
+ * Domain functions take the Write, change rows through `sql`, and record on it the instance events they wrote,
+ * the reconciler wake-ups, the nodes whose spec generation they bumped, revoked credentials and hosts with new
+ * commands. The runner (infra/platform.ts) commits, then applies those effects; a rollback applies none.
+ *
+ * A mutation also names the subject of its audit row (`audit`) or says it changed nothing (`unchanged`): the
+ * runner writes exactly one audit row for it, in the same transaction, and refuses to commit a mutation that
+ * did neither, so no mutation can skip the audit trail by omission.
+ */
+export interface WriteOptions {
+  /** Who acts: an identity id, `reconciler`, `sweep`, `node:<id>`. */
+  actor: string;
+  requestId?: string | null;
+  /** Set for mutations: the mutation's name, which becomes the audit row's action. */
+  action?: string;
+}
+
+export interface AuditSubject {
+  targetId: string;
+  tenantId?: string | null;
+  details?: unknown;
+}
+
+export class Write {
+  readonly events: InstanceEventMessage[] = [];
+  readonly wakes = new Set<string>();
+  /** Node → the newest spec generation this write gave it. */
+  readonly specs = new Map<string, number>();
+  readonly revoked: string[] = [];
+  readonly commandNodes = new Set<string>();
+  private subject: AuditSubject | null = null;
+  private noChange = false;
+
+  constructor(
+    readonly sql: Sql,
+    readonly ids: IdSource,
+    readonly now: Date,
+    readonly opts: WriteOptions,
+  ) {}
+
+  get actor(): string {
+    return this.opts.actor;
+  }
+
+  /** An instance event this transaction inserted (changes.ts does this for every instance change). */
+  event(e: InstanceEventMessage): void {
+    this.events.push(e);
+    this.wakes.add(e.instanceId);
+  }
+
+  /** Reconcile this instance once committed. */
+  wake(instanceId: string): void {
+    this.wakes.add(instanceId);
+  }
+
+  /** A node's desired set changed: its agent hears of the new generation once committed. */
+  spec(nodeId: string, generation: number): void {
+    this.specs.set(nodeId, Math.max(generation, this.specs.get(nodeId) ?? generation));
+  }
+
+  /** Live connections authenticated by this credential (`tok:<id>`, `node:<id>`) end once committed. */
+  revoke(key: string): void {
+    this.revoked.push(key);
+  }
+
+  /** A node has new host commands to fetch. */
+  commands(nodeId: string): void {
+    this.commandNodes.add(nodeId);
+  }
+
+  /** What this mutation changed: the subject of its one audit row. Writes that are not mutations keep none. */
+  audit(subject: AuditSubject): void {
+    if (!this.opts.action) return;
+    if (this.subject) throw new Error(`${this.opts.action ?? "a write"} named two audit subjects (${this.subject.targetId}, ${subject.targetId})`);
+    this.subject = subject;
+  }
+
+  /** This mutation changed nothing (a replay, a repeated request): it writes no audit row. */
+  unchanged(): void {
+    this.noChange = true;
+  }
+
+  /** The audit row this write owes, or null; throws for a mutation that said neither what nor that nothing changed. */
+  auditRow(): (AuditSubject & { action: string }) | null {
+    const action = this.opts.action;
+    if (!action) return null;
+    if (this.subject) return { ...this.subject, action };
+    if (this.noChange) return null;
+    throw new Error(`mutation ${action} finished without naming its audit subject or saying it changed nothing`);
+  }
+}
+
+/**
+ * The transaction's last statement: the mutation's audit row, and positions for its instance events in commit
+ * order. Positions are taken under a lock held through COMMIT (the live_positions migration), so a reader that
+ * sees position p has seen every event before it; cursors are positions, so the bus messages get them here.
+ */
+export async function finishWrite(w: Write): Promise<void> {
+  const row = w.auditRow();
+  const ids = w.events.map((e) => e.cursor);
+  if (!row && !ids.length) return;
+  const auditValues = row ? [w.actor, row.tenantId ?? null, row.action, row.targetId, w.opts.requestId ?? null, JSON.stringify(row.details ?? {}), w.now] : [];
+  const insertAudit = (n: number) => `INSERT INTO audit_log (actor_id, tenant_id, action, target_id, request_id, details, at)
+    VALUES ($${n}, $${n + 1}, $${n + 2}, $${n + 3}, $${n + 4}, $${n + 5}::jsonb, $${n + 6})`;
+  if (!ids.length) {
+    await w.sql.query(insertAudit(1), auditValues);
+    return;
+  }
+  const rows = await w.sql.query<{ id: string; position: string }>(
+    `${row ? `WITH a AS (${insertAudit(2)}) ` : ""}SELECT id::text AS id, position::text AS position FROM sequence_instance_events($1::bigint[])`,
+    [ids, ...auditValues],
+  );
+  const positions = new Map(rows.map((r) => [r.id, r.position]));
+  for (const e of w.events) e.cursor = positions.get(e.cursor) as string;
+}

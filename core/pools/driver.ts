@@ -1,0 +1,101 @@
+import type { ImageResolver, ResolvedImage } from "../catalog/images.ts";
+import type { Shape } from "../catalog/shapes.ts";
+import type { InstanceSet } from "../instances/changes.ts";
+import type { Instance } from "../instances/model.ts";
+import type { Sql } from "../kernel/db.ts";
+import type { Write } from "../kernel/write.ts";
+
+/**
+ * The pool-driver seam (docs/architecture.md, "Pool drivers"). Where an instance runs, what it holds there and
+ * how it converges depend on its pool's class; everything that differs lives behind this interface, one driver
+ * per class, found through the registry. Admission, the lifecycle operations and the reconciler ask the driver
+ * and never compare class names. A new kind of pool is a new driver registered in registry.ts.
+ */
+
+/** A pool, as the domain reads it. `class` names its driver. */
+export interface Pool {
+  id: string;
+  name: string;
+  class: string;
+  /** `bcd`: our host agent runs its hosts; `none`: someone else's cloud. */
+  agent: string;
+  /** Hosted pools: the runtime their hosts run. */
+  runtime: string | null;
+  providerAccountId: string | null;
+  singleTenant: boolean;
+  createdAt: Date;
+}
+
+export interface PoolInput {
+  name: string;
+  class: string;
+  ipv4Range?: string | null;
+  ipv4Gateway?: string | null;
+  providerAccountId?: string | null;
+  singleTenant?: boolean | null;
+}
+
+/** What a class can do beyond create, start, stop and delete. */
+export type Capability =
+  /** Operators run hosts in it: nodes, join tokens, capacity. */
+  | "hosts"
+  /** Freeze a running instance in memory. */
+  | "pause"
+  /** Change a stopped instance's flavor in place. */
+  | "resize"
+  /** Save and restore an instance's memory and disk (host commands). */
+  | "snapshot";
+
+/** The class-specific columns of a new pool. */
+export interface PoolSettings {
+  agent: string;
+  runtime: string | null;
+  providerAccountId: string | null;
+}
+
+export interface AdmitRequest {
+  pool: Pool;
+  tenantId: string;
+  instanceId: string;
+  /** As the caller named it; hosted pools resolve it, providers take their own image names. */
+  imageId: string;
+  shape: Shape;
+}
+
+/** Where an admitted instance runs and what it holds there. */
+export interface Placed {
+  nodeId: string | null;
+  allocationId: string | null;
+  addresses: string[];
+  image: ResolvedImage | null;
+  runtime: string | null;
+}
+
+export interface DriverDeps {
+  images: ImageResolver;
+  /** Runtime ids the deployment runs; new hosted pools record the first. */
+  runtimes: readonly string[];
+  /** Hosts tried before an instance no host can create is left in error. */
+  maxRecreateAttempts: number;
+}
+
+export interface PoolDriver {
+  readonly poolClass: string;
+  /** How messages name pools of this class ("hosted pools"). */
+  readonly label: string;
+  readonly capabilities: ReadonlySet<Capability>;
+  /** createPool: check this class's settings; INVALID_INPUT or NOT_FOUND names the offending field. */
+  prepare(sql: Sql, input: PoolInput, deps: Pick<DriverDeps, "runtimes">): Promise<PoolSettings>;
+  /** After the pool row exists: what the class keeps beside it (a hosted pool's address range). */
+  provision(w: Write, pool: Pool, input: PoolInput): Promise<void>;
+  /** A flavor this class can sell, or INVALID_INPUT. */
+  checkFlavor(shape: Shape): void;
+  /** Place the instance and take what it holds (before quota is charged), or refuse it. */
+  admit(w: Write, req: AdmitRequest, deps: DriverDeps): Promise<Placed>;
+  /** Resize (capability `resize`): give back the old shape's hold and take the new one, in place. */
+  resize(w: Write, inst: Instance, pool: Pool, next: Shape): Promise<InstanceSet>;
+  /** What the instance holds in this class (allocation, address), given back; the caller releases quota. */
+  release(w: Write, inst: Instance): Promise<InstanceSet>;
+  /** One guarded step toward the desired state, or null when there is nothing to do until something changes. */
+  reconcile(w: Write, inst: Instance, pool: Pool, deps: DriverDeps): Promise<Instance | null>;
+}

@@ -1,0 +1,108 @@
+import { notFound } from "../../../contracts/errors.ts";
+import type { CommandReport, HostCommand, HostCommandKind } from "../../../contracts/host.ts";
+import { one, type Sql } from "../../kernel/db.ts";
+import type { Write } from "../../kernel/write.ts";
+
+/**
+ * Host commands, on the server's side: a queue per node in `host_commands`. A command is sent to its node's
+ * agent until the agent reports it finished or its deadline passes; the agent's reports are recorded here and
+ * wake the reconciler, which settles the outcome into the instance (instances/snapshots.ts). Every step is
+ * keyed by the command's id, so a report sent twice, or a command sent twice, changes nothing the second time.
+ */
+
+export type CommandState = "pending" | "running" | "succeeded" | "failed" | "expired" | "cancelled";
+/** States after which the agent's word no longer counts. */
+export const FINAL_STATES: readonly CommandState[] = ["succeeded", "failed", "expired", "cancelled"];
+
+export interface HostCommandRow {
+  id: string;
+  nodeId: string;
+  instanceId: string | null;
+  kind: HostCommandKind;
+  args: Record<string, unknown>;
+  state: CommandState;
+  deadline: Date;
+  result: Record<string, unknown> | null;
+  error: string | null;
+  createdAt: Date;
+  startedAt: Date | null;
+  finishedAt: Date | null;
+  settledAt: Date | null;
+}
+
+const COLUMNS = `id, node_id AS "nodeId", instance_id AS "instanceId", kind, args, state, deadline, result, error,
+  created_at AS "createdAt", started_at AS "startedAt", finished_at AS "finishedAt", settled_at AS "settledAt"`;
+
+/** Queue a command for a node; its agent hears of it once the write commits. */
+export async function enqueueCommand(
+  w: Write,
+  c: { nodeId: string; instanceId: string; kind: HostCommandKind; args: Record<string, unknown>; timeoutMs: number },
+): Promise<HostCommandRow> {
+  const [row] = await w.sql.query<HostCommandRow>(
+    `INSERT INTO host_commands (id, node_id, instance_id, kind, args, deadline, created_at) VALUES ($1, $2, $3, $4, $5::jsonb, $6, $7) RETURNING ${COLUMNS}`,
+    [w.ids("cmd"), c.nodeId, c.instanceId, c.kind, JSON.stringify(c.args), new Date(w.now.getTime() + c.timeoutMs), w.now],
+  );
+  w.commands(c.nodeId);
+  return row as HostCommandRow;
+}
+
+/** What a node's agent should be working on: commands not finished and not past their deadline, oldest first. */
+export async function commandsForNode(sql: Sql, nodeId: string, now: Date): Promise<HostCommand[]> {
+  const rows = await sql.query<HostCommandRow>(
+    `SELECT ${COLUMNS} FROM host_commands WHERE node_id = $1 AND state IN ('pending', 'running') AND deadline > $2 ORDER BY created_at, id`,
+    [nodeId, now],
+  );
+  return rows.map((r) => ({ id: r.id, kind: r.kind, deadline: r.deadline.toISOString(), args: r.args }) as HostCommand);
+}
+
+/**
+ * An agent's report on one of its node's commands. `running` acknowledges it; `succeeded` or `failed` finishes
+ * it and wakes the reconciler to settle it. The first final word counts: a late or repeated report changes
+ * nothing (nor does one after the deadline expired the command).
+ */
+export async function recordCommandReport(w: Write, nodeId: string, report: CommandReport): Promise<HostCommandRow> {
+  const cmd = await one<HostCommandRow>(w.sql, `SELECT ${COLUMNS} FROM host_commands WHERE id = $1 AND node_id = $2 FOR UPDATE`, [report.id, nodeId]);
+  if (!cmd) throw notFound("host command", report.id);
+  const started = report.state === "running" && cmd.state === "pending";
+  const finished = report.state !== "running" && (cmd.state === "pending" || cmd.state === "running");
+  if (!started && !finished) {
+    w.unchanged();
+    return cmd;
+  }
+  const [row] = started
+    ? await w.sql.query<HostCommandRow>(`UPDATE host_commands SET state = 'running', started_at = $2 WHERE id = $1 RETURNING ${COLUMNS}`, [cmd.id, w.now])
+    : await w.sql.query<HostCommandRow>(
+        `UPDATE host_commands SET state = $2, result = $3::jsonb, error = $4, started_at = COALESCE(started_at, $5), finished_at = $5
+          WHERE id = $1 RETURNING ${COLUMNS}`,
+        [cmd.id, report.state, report.result === null ? null : JSON.stringify(report.result), report.error, w.now],
+      );
+  if (finished && cmd.instanceId) w.wake(cmd.instanceId);
+  w.audit({ targetId: cmd.id, details: { kind: cmd.kind, instanceId: cmd.instanceId, state: report.state, error: report.error } });
+  return row as HostCommandRow;
+}
+
+/** The commands of an instance whose outcome the reconciler has yet to apply: finished, or past their deadline. */
+export async function unsettledCommands(w: Write, instanceId: string): Promise<HostCommandRow[]> {
+  return w.sql.query<HostCommandRow>(`SELECT ${COLUMNS} FROM host_commands WHERE instance_id = $1 AND settled_at IS NULL ORDER BY created_at, id FOR UPDATE`, [
+    instanceId,
+  ]);
+}
+
+/** Mark a command's outcome applied (and, for one that never finished, what ended it). */
+export async function settleCommand(w: Write, id: string, endedAs?: "expired" | "cancelled"): Promise<void> {
+  await w.sql.query(
+    `UPDATE host_commands SET settled_at = $2, state = COALESCE($3, state), finished_at = COALESCE(finished_at, CASE WHEN $3::text IS NULL THEN NULL ELSE $2 END)
+      WHERE id = $1`,
+    [id, w.now, endedAs ?? null],
+  );
+}
+
+/** Instances with commands to settle: finished ones (a lost wake-up) and ones past their deadline. For the sweep. */
+export async function instancesWithUnsettledCommands(sql: Sql, now: Date, limit: number): Promise<string[]> {
+  const rows = await sql.query<{ id: string }>(
+    `SELECT DISTINCT instance_id AS id FROM host_commands
+      WHERE settled_at IS NULL AND instance_id IS NOT NULL AND (state NOT IN ('pending', 'running') OR deadline <= $1) LIMIT $2`,
+    [now, limit],
+  );
+  return rows.map((r) => r.id);
+}

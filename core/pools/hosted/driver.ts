@@ -1,0 +1,76 @@
+import { AppError, invalid, notFound } from "../../../contracts/errors.ts";
+import type { Shape } from "../../catalog/shapes.ts";
+import type { Instance } from "../../instances/model.ts";
+import type { Write } from "../../kernel/write.ts";
+import type { PoolDriver, PoolInput } from "../driver.ts";
+import { parseRange } from "./ipam.ts";
+import { createAddresses, leaseAddress } from "./leases.ts";
+import { place, releaseAllocation } from "./placement.ts";
+import { reconcileHosted, releaseHosted } from "./reconcile.ts";
+
+/**
+ * Hosted pools (`vps-host`): VMs on the operator's own hosts, each running our agent. Admission places the
+ * instance on one node (vCPU, memory, disk, whole GPUs) and leases it an address from the pool's range; the
+ * host converges it and its reports drive the reconciler.
+ */
+export const hostedDriver: PoolDriver = {
+  poolClass: "vps-host",
+  label: "hosted pools",
+  capabilities: new Set(["hosts", "pause", "resize", "snapshot"]),
+
+  async prepare(_sql, input, deps) {
+    if (!input.ipv4Range) throw invalid("a vps-host pool needs an ipv4Range", { path: "input.ipv4Range" });
+    if (input.providerAccountId) throw invalid("a vps-host pool takes no providerAccountId", { path: "input.providerAccountId" });
+    parseRange(input.ipv4Range, input.ipv4Gateway ?? undefined);
+    return { agent: "bcd", runtime: deps.runtimes[0] ?? null, providerAccountId: null };
+  },
+
+  async provision(w, pool, input: PoolInput) {
+    const range = parseRange(input.ipv4Range as string, input.ipv4Gateway ?? undefined);
+    const id = w.ids("ipp");
+    await w.sql.query(`INSERT INTO ip_pools (id, pool_id, cidr, network, prefix, gateway_offset) VALUES ($1, $2, $3, $4, $5, $6)`, [
+      id,
+      pool.id,
+      range.cidr,
+      range.network,
+      range.prefix,
+      range.gatewayOffset,
+    ]);
+    await createAddresses(w.sql, id, range);
+  },
+
+  checkFlavor() {},
+
+  async admit(w, req, deps) {
+    const image = await deps.images.resolve(w.sql, req.tenantId, req.imageId);
+    if (!image) throw notFound("image", req.imageId);
+    const placement = await place(w.sql, w.ids, {
+      poolId: req.pool.id,
+      tenantId: req.tenantId,
+      instanceId: req.instanceId,
+      shape: req.shape,
+      singleTenant: req.pool.singleTenant,
+    });
+    const address = await leaseAddress(w.sql, req.pool.id, req.instanceId, w.now);
+    return { nodeId: placement.nodeId, allocationId: placement.allocationId, addresses: [address], image, runtime: deps.runtimes[0] ?? null };
+  },
+
+  /** In place, on the instance's own node: the old claim is given back and the new one taken in this transaction. */
+  async resize(w, inst: Instance, pool, next: Shape) {
+    if (!inst.nodeId || !inst.allocationId) throw new AppError("PRECONDITION_FAILED", `instance ${inst.id} holds no placement`);
+    await releaseAllocation(w.sql, inst.allocationId);
+    const placed = await place(w.sql, w.ids, {
+      poolId: inst.poolId,
+      tenantId: inst.tenantId,
+      instanceId: inst.id,
+      shape: next,
+      singleTenant: pool.singleTenant,
+      onlyNodeId: inst.nodeId,
+    });
+    return { allocation_id: placed.allocationId };
+  },
+
+  release: (w: Write, inst: Instance) => releaseHosted(w, inst),
+
+  reconcile: (w, inst, pool, deps) => reconcileHosted(w, inst, pool, deps.maxRecreateAttempts),
+};

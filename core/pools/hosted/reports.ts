@@ -1,0 +1,104 @@
+import { AppError } from "../../../contracts/errors.ts";
+import type { Capacity, StatusReport } from "../../../contracts/host.ts";
+import type { Write } from "../../kernel/write.ts";
+
+/**
+ * A host's StatusReport: record what it says and wake the instances it tells something new about. An
+ * observation is written only when it says something new, and counts for the reconciler once the report's
+ * generation has caught up with the instance's last change (generations.ts). A report that changes nothing
+ * but the node's liveness (a heartbeat) writes no audit row: liveness is not a change anyone acted on.
+ */
+export async function recordReport(w: Write, nodeId: string, report: StatusReport): Promise<{ generation: number }> {
+  const { sql, now } = w;
+  // Lock order, everywhere: instance rows before node rows (an instance change bumps its node's generation).
+  // So the node row is read here without a lock and written last.
+  const [node] = await sql.query<{ wasLost: boolean }>(`SELECT lost_at IS NOT NULL AS "wasLost" FROM nodes WHERE id = $1 AND gone_at IS NULL`, [nodeId]);
+  if (!node) throw new AppError("UNAUTHENTICATED", `node ${nodeId} is gone`);
+  const seen = report.instances.map((i) => ({ ...i, shape: i.shape ?? null }));
+  const changed = await sql.query<{ id: string }>(
+    `UPDATE instances i SET observed_state = r.state, observed_error = r.error, observed_retryable = r.retryable,
+            observed_shape = r.shape, observed_generation = $2, observed_at = $3
+       FROM jsonb_to_recordset($4::jsonb) AS r(id text, state text, error text, retryable boolean, shape jsonb)
+      WHERE i.id = r.id AND i.node_id = $1 AND i.state <> 'deleted'
+        AND (i.observed_state IS DISTINCT FROM r.state OR i.observed_error IS DISTINCT FROM r.error
+             OR i.observed_shape IS DISTINCT FROM r.shape OR (i.observed_generation < i.spec_generation AND $2 >= i.spec_generation))
+      RETURNING i.id`,
+    [nodeId, report.generation, now, JSON.stringify(seen)],
+  );
+  const ids = seen.map((i) => i.id);
+  const vanished = await sql.query<{ id: string }>(
+    `UPDATE instances SET observed_state = 'absent', observed_error = NULL, observed_generation = $2, observed_at = $3
+      WHERE node_id = $1 AND state <> 'deleted' AND NOT (id = ANY($4::text[]))
+        AND (observed_state IS DISTINCT FROM 'absent' OR (observed_generation < spec_generation AND $2 >= spec_generation))
+      RETURNING id`,
+    [nodeId, report.generation, now, ids],
+  );
+  // Domains no instance on this node owns are orphans; one that is owned again, or gone, is not.
+  const orphaned = await sql.query(
+    `INSERT INTO orphans (node_id, domain_id, first_seen_at)
+     SELECT $1, d, $2 FROM unnest($3::text[]) AS d
+      WHERE NOT EXISTS (SELECT 1 FROM instances i WHERE i.id = d AND i.node_id = $1 AND i.state <> 'deleted')
+     ON CONFLICT DO NOTHING RETURNING domain_id`,
+    [nodeId, now, ids],
+  );
+  const adopted = await sql.query(
+    `DELETE FROM orphans o WHERE o.node_id = $1
+        AND (NOT (o.domain_id = ANY($2::text[])) OR EXISTS (SELECT 1 FROM instances i WHERE i.id = o.domain_id AND i.node_id = $1 AND i.state <> 'deleted'))
+     RETURNING domain_id`,
+    [nodeId, ids],
+  );
+  const [updated] = await sql.query<{ generation: number }>(
+    `UPDATE nodes SET last_report_at = $2, reported_generation = $3, lost_at = NULL WHERE id = $1 RETURNING spec_generation AS generation`,
+    [nodeId, now, report.generation],
+  );
+  const capacityChanged = await applyReportedCapacity(w, nodeId, report.capacity);
+  const wake = node.wasLost
+    ? (await sql.query<{ id: string }>(`SELECT id FROM instances WHERE node_id = $1 AND state <> 'deleted'`, [nodeId])).map((r) => r.id)
+    : [...changed, ...vanished].map((r) => r.id);
+  for (const id of wake) w.wake(id);
+  if (changed.length || vanished.length || orphaned.length || adopted.length || capacityChanged || node.wasLost) {
+    w.audit({
+      targetId: nodeId,
+      details: {
+        generation: report.generation,
+        observed: changed.length + vanished.length,
+        orphans: orphaned.length - adopted.length,
+        capacityChanged,
+        recovered: node.wasLost,
+      },
+    });
+  } else w.unchanged();
+  return { generation: updated?.generation ?? 0 };
+}
+
+/** What the host says it has, never below what is already allocated on it (placed instances keep their claim). */
+async function applyReportedCapacity(w: Write, nodeId: string, cap: Capacity): Promise<boolean> {
+  const { sql } = w;
+  const scalars = await sql.query(
+    `UPDATE nodes SET cap_vcpus = GREATEST($2, alloc_vcpus), cap_memory_mib = GREATEST($3, alloc_memory_mib), cap_disk_gib = GREATEST($4, alloc_disk_gib)
+      WHERE id = $1 AND (cap_vcpus, cap_memory_mib, cap_disk_gib) IS DISTINCT FROM (GREATEST($2, alloc_vcpus), GREATEST($3, alloc_memory_mib), GREATEST($4, alloc_disk_gib))
+      RETURNING id`,
+    [nodeId, cap.vcpus, cap.memoryMib, cap.diskGib],
+  );
+  const have = await sql.query<{ id: string; model: string; pci: string | null; held: boolean; index: number }>(
+    `SELECT id, model, pci_address AS pci, allocation_id IS NOT NULL AS held, index FROM node_gpus WHERE node_id = $1 ORDER BY index`,
+    [nodeId],
+  );
+  // GPUs are known by model and PCI address here (an operator's count-based edit is nodes.ts's rule).
+  const key = (g: { model: string; pci: string | null }) => `${g.model}@${g.pci ?? ""}`;
+  const want = cap.gpus.map((g) => ({ model: g.model, pci: g.pciAddress }));
+  const missing = want.filter((w) => !have.some((h) => key(h) === key(w)));
+  const extra = have.filter((h) => !h.held && !want.some((w) => key(w) === key(h)));
+  if (extra.length) await sql.query(`DELETE FROM node_gpus WHERE id = ANY($1::text[])`, [extra.map((g) => g.id)]);
+  let next = have.reduce((m, g) => Math.max(m, g.index + 1), 0);
+  for (const g of missing) {
+    await sql.query(`INSERT INTO node_gpus (id, node_id, model, index, pci_address) VALUES ($1, $2, $3, $4, $5)`, [
+      w.ids("gpu"),
+      nodeId,
+      g.model,
+      next++,
+      g.pci,
+    ]);
+  }
+  return scalars.length > 0 || extra.length > 0 || missing.length > 0;
+}

@@ -1,0 +1,80 @@
+import { createHash } from "node:crypto";
+import { notFound } from "../../../contracts/errors.ts";
+import { type InstanceSpec, macFor, type NodeSpec } from "../../../contracts/host.ts";
+import { specPower } from "../../instances/decide.ts";
+import type { DesiredState, InstanceState } from "../../instances/state.ts";
+import type { Sql } from "../../kernel/db.ts";
+import type { Sealer } from "../../kernel/seal.ts";
+import { HELD_STATES } from "./generations.ts";
+import { formatIpv4 } from "./ipam.ts";
+
+/**
+ * A node's spec: the whole desired set of its host — every instance it should hold, in which power state, with
+ * image, keys, user data and NIC — and what to remove. Agents receive it whole on every generation, so a
+ * reconnecting or restarted agent converges from it without any history.
+ */
+
+const mac = (id: string) => macFor(id, (s) => createHash("sha256").update(s).digest("hex"));
+
+/** The whole desired set of a node, as its agent receives it. */
+export async function buildNodeSpec(sql: Sql, sealer: Sealer, hostNetwork: string, nodeId: string): Promise<NodeSpec> {
+  const [node] = await sql.query<{ generation: number; runtime: string | null }>(
+    `SELECT n.spec_generation AS generation, p.runtime FROM nodes n JOIN pools p ON p.id = n.pool_id WHERE n.id = $1`,
+    [nodeId],
+  );
+  if (!node) throw notFound("node", nodeId);
+  const rows = await sql.query<{
+    id: string;
+    state: InstanceState;
+    desired: DesiredState;
+    vcpus: number;
+    memoryMib: number;
+    diskGib: number;
+    url: string;
+    sha256: string;
+    format: "raw" | "qcow2" | "iso";
+    sshKeys: string[];
+    sealed: Uint8Array | null;
+    address: string | null;
+    prefix: number | null;
+    network: string | null;
+    gatewayOffset: number | null;
+    gpus: { model: string; pciAddress: string | null }[];
+  }>(
+    `SELECT i.id, i.state, i.desired_state AS desired, i.vcpus, i.memory_mib AS "memoryMib", i.disk_gib AS "diskGib",
+            i.image_url AS url, i.image_sha256 AS sha256, i.image_format AS format, i.ssh_keys AS "sshKeys",
+            i.user_data_sealed AS sealed, i.addresses[1] AS address, ip.prefix, ip.network::text AS network,
+            ip.gateway_offset AS "gatewayOffset",
+            COALESCE((SELECT jsonb_agg(jsonb_build_object('model', g.model, 'pciAddress', g.pci_address) ORDER BY g.index)
+                        FROM node_gpus g WHERE g.allocation_id = i.allocation_id), '[]') AS gpus
+       FROM instances i LEFT JOIN ip_pools ip ON ip.pool_id = i.pool_id
+      WHERE i.node_id = $1 AND i.allocation_id IS NOT NULL AND i.desired_state <> 'deleted' AND i.state = ANY($2::text[])
+      ORDER BY i.id`,
+    [nodeId, HELD_STATES],
+  );
+  const instances: InstanceSpec[] = rows.map((r) => ({
+    id: r.id,
+    power: specPower(r.state, r.desired),
+    vcpus: r.vcpus,
+    memoryMib: r.memoryMib,
+    diskGib: r.diskGib,
+    gpus: r.gpus,
+    image: { url: r.url, sha256: r.sha256, format: r.format },
+    sshKeys: r.sshKeys,
+    userData: r.sealed ? sealer.open(r.sealed, r.id) : null,
+    hostname: r.id.slice(0, 20).replace(/_/g, "-"),
+    nic: {
+      bridge: hostNetwork,
+      mac: mac(r.id),
+      address: r.address,
+      prefix: r.prefix,
+      gateway: r.network !== null && r.gatewayOffset !== null ? formatIpv4(Number(r.network) + r.gatewayOffset) : null,
+    },
+  }));
+  const remove = await sql.query<{ id: string }>(
+    `SELECT id FROM instances WHERE node_id = $1 AND desired_state = 'deleted' AND state <> 'deleted'
+     UNION SELECT domain_id FROM orphans WHERE node_id = $1 AND removal_at IS NOT NULL ORDER BY 1`,
+    [nodeId],
+  );
+  return { nodeId, generation: node.generation, runtime: node.runtime ?? "libvirt-kvm", instances, remove: remove.map((r) => r.id) };
+}
