@@ -6,7 +6,7 @@ import { z } from "zod";
  * delays a subscriber (each server also polls the table) and never loses an event.
  */
 export const channels = {
-  /** An instance event committed; `cursor` is its position in commit order (core/watch.ts). */
+  /** An instance event committed; `cursor` is its position in commit order (core/instances/events.ts). */
   instanceEvents: z.object({
     cursor: z.string(),
     instanceId: z.string(),

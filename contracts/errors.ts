@@ -1,4 +1,4 @@
-/** The codes clients may branch on (API.md); anything else reaches them as INTERNAL. */
+/** The codes clients may branch on (a public contract); anything else reaches them as INTERNAL. */
 export const errorCodes = [
   "INVALID_INPUT",
   "INVALID_CONFIG",

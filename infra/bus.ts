@@ -4,7 +4,7 @@ import { Redis } from "ioredis";
 import type { Channels } from "../contracts/channels.ts";
 
 /**
- * Typed pub/sub over the channel map of core/events.ts. In memory for the embedded mode; over Redis when
+ * Typed pub/sub over the channel map of contracts/channels.ts. In memory for the embedded mode; over Redis when
  * configured, so every server replica and worker sees every message. Topics carry the deployment's prefix.
  */
 export interface Bus {
@@ -24,7 +24,7 @@ export async function openBus(opts: { redisUrl?: string; prefix: string }): Prom
       close: async () => {},
     };
   }
-  // Connect both clients before building the target, or the first messages can be lost (STACK.md, pitfall 6).
+  // Connect both clients before building the target, or the first messages can be lost (docs/architecture.md, Pitfalls).
   const publishClient = new Redis(opts.redisUrl, { lazyConnect: true });
   const subscribeClient = new Redis(opts.redisUrl, { lazyConnect: true });
   await Promise.all([publishClient.connect(), subscribeClient.connect()]);

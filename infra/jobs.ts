@@ -32,7 +32,7 @@ export function bullJobs(opts: { redisUrl: string; prefix: string }): Jobs {
       const spec = jobCatalog[name];
       const data = spec.payload.parse(payload);
       // A job id already waiting makes add() a no-op: that is the dedup. Completed jobs are removed so the
-      // next wake-up of the same instance is a new job, not swallowed by a kept one (STACK.md, pitfall 7).
+      // next wake-up of the same instance is a new job, not swallowed by a kept one (docs/architecture.md, Pitfalls).
       await queueFor(name).add(name, data, {
         jobId: spec.jobId(data as never),
         attempts: spec.attempts,

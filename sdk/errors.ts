@@ -1,4 +1,4 @@
-/** A GraphQL error as the API reports it; `code` is its `extensions.code` (API.md). */
+/** A GraphQL error as the API reports it; `code` is its `extensions.code` (the API's error codes). */
 export class SdkError extends Error {
   readonly code: string;
   readonly errors: { message: string; path?: (string | number)[]; extensions?: Record<string, unknown> }[];

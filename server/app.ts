@@ -119,7 +119,7 @@ export async function startServer(platform: Platform, opts: { port?: number; hos
     return yoga.handle(req, res);
   });
 
-  // Subscriptions share the port: graphql-ws on the same path, executed through yoga's envelop (STACK.md 9).
+  // Subscriptions share the port: graphql-ws on the same path, executed through yoga's envelop (docs/architecture.md, Pitfalls).
   // A connection authenticates once, from connectionParams; the live hub ends it when that credential stops working.
   const live = new WeakMap<object, LiveConnection>();
   const wss = new WebSocketServer({ server, path: "/graphql" });

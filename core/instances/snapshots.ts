@@ -113,7 +113,8 @@ export async function settleCommands(w: Write, inst: Instance): Promise<Instance
     const snapshotId = String(c.args.snapshotId);
     if (c.kind === "instance.snapshot") {
       await w.sql.query(
-        `UPDATE instance_snapshots SET state = $2, size_bytes = $3, error = $4, ready_at = CASE WHEN $2 = 'ready' THEN $5 ELSE NULL END
+        `UPDATE instance_snapshots SET state = $2::text, size_bytes = $3::bigint, error = $4::text,
+                ready_at = CASE WHEN $2::text = 'ready' THEN $5::timestamptz ELSE NULL END
           WHERE id = $1 AND state = 'creating'`,
         [snapshotId, outcome.ok ? "ready" : "failed", outcome.ok ? outcome.sizeBytes : null, outcome.ok ? null : outcome.error, w.now],
       );

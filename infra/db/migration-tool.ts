@@ -1,6 +1,6 @@
 // Offline replacement for `prisma migrate dev --create-only` and `prisma migrate diff --exit-code`.
 // The Prisma CLI downloads a native schema engine for these commands, which fails without internet
-// (STACK.md pitfall 1). Prisma's published WASM schema engine does the same diff when given a
+// (docs/architecture.md, Pitfalls). Prisma's published WASM schema engine does the same diff when given a
 // driver adapter; an in-memory PGlite serves as the shadow database the migrations are replayed into.
 //
 //   tsx infra/db/migration-tool.ts create <name>   write prisma/migrations/<timestamp>_<name>/migration.sql
@@ -39,7 +39,7 @@ function loadEngineWasm(): Promise<void> {
 }
 
 // A new PGlite spends 3-7 s in initdb; restoring a dump of an empty cluster takes under 1 s
-// (STACK.md pitfall 5). Keep one such dump per PGlite version in the OS temp directory.
+// (docs/architecture.md, Pitfalls). Keep one such dump per PGlite version in the OS temp directory.
 async function emptyPGlite(): Promise<PGlite> {
   const entry = createRequire(import.meta.url).resolve("@electric-sql/pglite");
   const { version } = JSON.parse(await readFile(path.join(path.dirname(entry), "../package.json"), "utf8"));

@@ -21,7 +21,7 @@ export async function ledger(platform: WithDb) {
   return JSON.parse(JSON.stringify({ counts, usage, nodes }, (_k, v) => (typeof v === "bigint" ? Number(v) : v)));
 }
 
-/** The invariants of ARCHITECTURE.md, checked against the rows themselves. Returns the violations found. */
+/** The invariants (docs/architecture.md), checked against the rows themselves. Returns the violations found. */
 export async function invariantViolations(platform: WithDb): Promise<string[]> {
   const q = <T>(sql: string) => platform.db.prisma.$queryRawUnsafe<T[]>(sql);
   const out: string[] = [];

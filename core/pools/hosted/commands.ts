@@ -91,7 +91,8 @@ export async function unsettledCommands(w: Write, instanceId: string): Promise<H
 /** Mark a command's outcome applied (and, for one that never finished, what ended it). */
 export async function settleCommand(w: Write, id: string, endedAs?: "expired" | "cancelled"): Promise<void> {
   await w.sql.query(
-    `UPDATE host_commands SET settled_at = $2, state = COALESCE($3, state), finished_at = COALESCE(finished_at, CASE WHEN $3::text IS NULL THEN NULL ELSE $2 END)
+    `UPDATE host_commands SET settled_at = $2::timestamptz, state = COALESCE($3::text, state),
+            finished_at = COALESCE(finished_at, CASE WHEN $3::text IS NULL THEN NULL ELSE $2::timestamptz END)
       WHERE id = $1`,
     [id, w.now, endedAs ?? null],
   );
