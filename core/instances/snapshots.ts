@@ -37,7 +37,7 @@ export interface CommandDeps {
   timeoutMs: number;
 }
 
-/** An instance that can take a snapshot or restore now: on a host of ours that is there, running or paused, with no other command in flight. */
+/** An instance that can take a snapshot or restore now: on a host of ours that is there, running or paused. */
 async function lockForCommand(w: Write, who: Principal, id: string, what: string): Promise<Instance & { nodeId: string }> {
   const inst = await lockInstance(w, who, id);
   const pool = await getPool(w.sql, inst.poolId);
@@ -49,13 +49,18 @@ async function lockForCommand(w: Write, who: Principal, id: string, what: string
     });
   const node = await one<{ away: boolean }>(w.sql, `SELECT lost_at IS NOT NULL OR gone_at IS NOT NULL AS away FROM nodes WHERE id = $1`, [inst.nodeId]);
   if (node?.away) throw new AppError("PRECONDITION_FAILED", `${what}: the host of ${id} is not reporting`);
-  const busy = await one<{ kind: string }>(w.sql, `SELECT kind FROM host_commands WHERE instance_id = $1 AND settled_at IS NULL LIMIT 1`, [id]);
-  if (busy) throw new AppError("PRECONDITION_FAILED", `${what}: an ${busy.kind} of ${id} is still in progress`);
   return inst as Instance & { nodeId: string };
+}
+
+/** One command at a time per instance: a snapshot and a restore racing on one host could not both be right. */
+async function requireIdle(w: Write, inst: Instance, what: string): Promise<void> {
+  const busy = await one<{ kind: string }>(w.sql, `SELECT kind FROM host_commands WHERE instance_id = $1 AND settled_at IS NULL LIMIT 1`, [inst.id]);
+  if (busy) throw new AppError("PRECONDITION_FAILED", `${what}: an ${busy.kind} of ${inst.id} is still in progress`);
 }
 
 export async function snapshotInstance(w: Write, who: Principal, id: string, deps: CommandDeps): Promise<Snapshot> {
   const inst = await lockForCommand(w, who, id, "a snapshot");
+  await requireIdle(w, inst, "a snapshot");
   const snapshotId = w.ids("snap");
   const [snap] = await w.sql.query<Snapshot>(
     `INSERT INTO instance_snapshots (id, instance_id, tenant_id, node_id, created_at) VALUES ($1, $2, $3, $4, $5) RETURNING ${COLUMNS}`,
@@ -81,6 +86,7 @@ export async function restoreInstance(w: Write, who: Principal, id: string, snap
   // The snapshot's files are on the host that took it; an instance recreated elsewhere cannot go back to it.
   if (snap.nodeId !== inst.nodeId)
     throw new AppError("PRECONDITION_FAILED", `snapshot ${snapshotId} is on node ${snap.nodeId}; instance ${id} now runs on ${inst.nodeId}`);
+  await requireIdle(w, inst, "a restore");
   const cmd = await enqueueCommand(w, {
     nodeId: inst.nodeId,
     instanceId: inst.id,

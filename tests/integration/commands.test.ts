@@ -1,0 +1,167 @@
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import * as bc from "../../sdk/client.ts";
+import { startWorker } from "../../worker/index.ts";
+import { until } from "../support/fixtures.ts";
+import { expectCode, type Harness, startHarness } from "../support/harness.ts";
+import { invariantViolations } from "../support/ledger.ts";
+import { walk } from "../support/reconcile.ts";
+
+/**
+ * Host commands, server side: this test plays the host with a node credential of its own, speaking the real
+ * protocol (the nodeCommands stream, reportCommand), so it can do what a real agent must never do — report
+ * twice, report late, report on another node's command — and see the server hold its ground.
+ */
+
+let h: Harness;
+let worker: { close(): Promise<void> };
+let pool: { id: string };
+let imageId: string;
+let op: bc.Client;
+beforeAll(async () => {
+  // A short command deadline and a quick sweep, so a command given up on is seen in a second or two.
+  h = await startHarness({ HOST_COMMAND_TIMEOUT_MS: "1500", RECONCILE_SWEEP_MS: "200", NODE_LOST_GRACE_MS: "60000" });
+  worker = await startWorker(h.platform);
+  op = h.operator;
+  ({ createPool: pool } = await op.request(bc.CreatePoolDocument, { input: { name: "cmd", class: "VPS_HOST", ipv4Range: "10.33.0.0/24" } }));
+  await op.request(bc.CreateFlavorDocument, { input: { poolId: pool.id, name: "small", vcpus: 1, memoryMib: 1024, diskGib: 10 } });
+  ({
+    registerImage: { id: imageId },
+  } = await op.request(bc.RegisterImageDocument, {
+    input: { name: "img", source: "https://images.invalid/i.qcow2", sha256: "d".repeat(64), format: "QCOW2", public: true },
+  }));
+});
+afterAll(async () => {
+  await worker?.close();
+  await h?.close();
+});
+
+/** A host of the pool, joined with a token, that has reported its capacity: its credential and node id. */
+async function host(name: string) {
+  const { createJoinToken } = await op.request(bc.CreateJoinTokenDocument, { poolId: pool.id });
+  const { joinNode } = await bc.createClient({ url: h.url }).request(bc.JoinNodeDocument, { token: createJoinToken.token, name });
+  const client = bc.createClient({ url: h.url, token: joinNode.credential });
+  await client.request(bc.ReportStatusDocument, { report: { generation: 0, instances: [], capacity: { vcpus: 8, memoryMib: 8192, diskGib: 100, gpus: [] } } });
+  return { ...joinNode, client };
+}
+
+/** Subscribe to a node's commands and collect them. */
+async function commands(credential: string) {
+  const ws = await bc.createWsClient({ url: h.url, token: credential, retryAttempts: 0 });
+  const got: { id: string; kind: string; deadline: string; args: Record<string, string> }[] = [];
+  const errors: unknown[] = [];
+  void (async () => {
+    try {
+      for await (const p of ws.subscribe(bc.NodeCommandsDocument)) got.push(p.nodeCommands.command as (typeof got)[number]);
+    } catch (e) {
+      errors.push(e);
+    }
+  })();
+  return { got, errors, close: () => ws.dispose() };
+}
+
+/** A running instance on the given host (the host's reports are played by `walk`). */
+async function running(t: Awaited<ReturnType<Harness["tenant"]>>, key: string) {
+  const { createInstance } = await t.client.request(bc.CreateInstanceDocument, { input: { poolId: pool.id, flavor: "small", imageId, idempotencyKey: key } });
+  await walk(h.platform, createInstance.id, ["scheduling", "provisioning", "starting", "running"]);
+  return createInstance;
+}
+
+const reasons = async (id: string) =>
+  (await h.platform.db.prisma.instanceEvent.findMany({ where: { instanceId: id }, orderBy: { version: "asc" } })).map((e) => e.reason);
+const snapshot = async (id: string) => (await op.request(bc.InstanceSnapshotDocument, { id })).instanceSnapshot;
+
+describe("host commands", () => {
+  it("go to their node once per stream, are acknowledged, and settle on the first final report only", async () => {
+    const a = await host("a");
+    const t = await h.tenant();
+    const vm = await running(t, "one");
+    expect(vm.nodeId).toBe(a.nodeId);
+    const stream = await commands(a.credential);
+    const { snapshotInstance: snap } = await op.request(bc.SnapshotInstanceDocument, { id: vm.id });
+    expect(snap).toMatchObject({ state: "CREATING", instanceId: vm.id, nodeId: a.nodeId, sizeBytes: null });
+    await until("the command to reach the host", () => stream.got.length === 1, 10_000);
+    const cmd = stream.got[0] as (typeof stream.got)[number];
+    expect(cmd).toMatchObject({ kind: "instance.snapshot", args: { instanceId: vm.id, snapshotId: snap.id } });
+    expect(new Date(cmd.deadline).getTime()).toBeGreaterThan(Date.now());
+
+    // Another snapshot while this one is in flight is refused; so is a tenant, and another node's word on it.
+    await expectCode(op.request(bc.SnapshotInstanceDocument, { id: vm.id }), "PRECONDITION_FAILED");
+    await expectCode(t.client.request(bc.SnapshotInstanceDocument, { id: vm.id }), "FORBIDDEN");
+    const b = await host("b");
+    await expectCode(b.client.request(bc.ReportCommandDocument, { report: { id: cmd.id, state: "succeeded", result: { sizeBytes: 1 } } }), "NOT_FOUND");
+    await expectCode(a.client.request(bc.ReportCommandDocument, { report: { id: cmd.id, state: "done" } }), "INVALID_INPUT");
+
+    expect((await a.client.request(bc.ReportCommandDocument, { report: { id: cmd.id, state: "running" } })).reportCommand.state).toBe("running");
+    expect((await a.client.request(bc.ReportCommandDocument, { report: { id: cmd.id, state: "running" } })).reportCommand.state).toBe("running");
+    const done = { id: cmd.id, state: "succeeded", result: { sizeBytes: 4096 } };
+    expect((await a.client.request(bc.ReportCommandDocument, { report: done })).reportCommand.state).toBe("succeeded");
+    // Sent again (the agent did not hear the answer), or contradicted: the first final word stands.
+    expect((await a.client.request(bc.ReportCommandDocument, { report: done })).reportCommand.state).toBe("succeeded");
+    expect((await a.client.request(bc.ReportCommandDocument, { report: { id: cmd.id, state: "failed", error: "late" } })).reportCommand.state).toBe(
+      "succeeded",
+    );
+    await expect.poll(async () => (await snapshot(snap.id))?.state, { timeout: 10_000, interval: 50 }).toBe("READY");
+    expect(await snapshot(snap.id)).toMatchObject({ sizeBytes: 4096, error: null });
+    expect(await reasons(vm.id)).toEqual(expect.arrayContaining(["requested:snapshot", "snapshot:ready"]));
+    // A new stream (a reconnecting agent) is not sent what is finished.
+    const again = await commands(a.credential);
+    const { restoreInstance } = await op.request(bc.RestoreInstanceDocument, { id: vm.id, snapshotId: snap.id });
+    expect(restoreInstance.state).toBe("RUNNING");
+    await until("the restore to reach the host", () => again.got.length === 1 && stream.got.length === 2, 10_000);
+    expect(again.got.map((c) => c.kind)).toEqual(["instance.restore"]);
+    await a.client.request(bc.ReportCommandDocument, { report: { id: again.got[0]?.id, state: "succeeded" } });
+    await expect.poll(() => reasons(vm.id), { timeout: 10_000, interval: 50 }).toContain("restored");
+    await stream.close();
+    await again.close();
+  });
+
+  it("gives up a command its host does not finish by the deadline, and the snapshot fails with why", async () => {
+    // The other hosts take nothing new: the instance lands on this one, which never answers.
+    for (const { id } of (await op.request(bc.NodesDocument, { poolId: pool.id })).nodes) await op.request(bc.SetNodeStateDocument, { id, state: "CORDONED" });
+    const c = await host("c");
+    const t = await h.tenant();
+    const vm = await running(t, "slow");
+    expect(vm.nodeId).toBe(c.nodeId);
+    const stream = await commands(c.credential);
+    const { snapshotInstance: snap } = await op.request(bc.SnapshotInstanceDocument, { id: vm.id });
+    await expect.poll(async () => (await snapshot(snap.id))?.state, { timeout: 15_000, interval: 100 }).toBe("FAILED");
+    expect((await snapshot(snap.id))?.error).toMatch(/did not finish instance\.snapshot before its deadline/);
+    expect(await reasons(vm.id)).toContain("snapshot:failed");
+    // The host's word after the deadline changes nothing; a new snapshot can be taken.
+    const cmd = await h.platform.read((sql) =>
+      sql.query<{ id: string; state: string }>(`SELECT id, state FROM host_commands WHERE args->>'snapshotId' = $1`, [snap.id]),
+    );
+    expect(cmd[0]?.state).toBe("expired");
+    await stream.close();
+  });
+
+  it("cancels what an instance had in flight when it is deleted, and its snapshots go with it", async () => {
+    const t = await h.tenant();
+    const vm = await running(t, "doomed");
+    const { snapshotInstance: snap } = await op.request(bc.SnapshotInstanceDocument, { id: vm.id });
+    await expectCode(op.request(bc.RestoreInstanceDocument, { id: vm.id, snapshotId: snap.id }), "PRECONDITION_FAILED");
+    await expectCode(op.request(bc.RestoreInstanceDocument, { id: vm.id, snapshotId: "snap_unknown" }), "NOT_FOUND");
+    await t.client.request(bc.DeleteInstanceDocument, { id: vm.id });
+    await walk(h.platform, vm.id, ["deleting", "deleted"]);
+    await h.platform.jobs.enqueue("vps.instances", { instanceId: vm.id });
+    await expect.poll(async () => (await snapshot(snap.id))?.state, { timeout: 10_000, interval: 50 }).toBe("DELETED");
+    const cmd = await h.platform.read((sql) =>
+      sql.query<{ state: string; settled: boolean }>(`SELECT state, settled_at IS NOT NULL AS settled FROM host_commands WHERE instance_id = $1`, [vm.id]),
+    );
+    expect(cmd).toEqual([{ state: "cancelled", settled: true }]);
+    expect(await invariantViolations(h.platform)).toEqual([]);
+  });
+
+  it("refuses a snapshot of an instance that is not running, and the stream to anyone but a node", async () => {
+    const t = await h.tenant();
+    const { createInstance } = await t.client.request(bc.CreateInstanceDocument, {
+      input: { poolId: pool.id, flavor: "small", imageId, desiredState: "STOPPED", idempotencyKey: "cold" },
+    });
+    await expectCode(op.request(bc.SnapshotInstanceDocument, { id: createInstance.id }), "PRECONDITION_FAILED");
+    await expectCode(op.request(bc.SnapshotInstanceDocument, { id: "inst_missing" }), "NOT_FOUND");
+    const tenantStream = await commands(t.token);
+    await until("the stream to be refused", () => tenantStream.errors.length > 0, 10_000);
+    expect((tenantStream.errors[0] as { code?: string }).code).toBe("FORBIDDEN");
+    await tenantStream.close();
+  });
+});
