@@ -1,4 +1,5 @@
 import type { InstanceSpec, InstanceStatus, NodeSpec, StatusReport } from "../contracts/host.ts";
+import { InstanceLocks } from "./locks.ts";
 import { type DomainStatus, type Runtime, RuntimeError } from "./runtimes/runtime.ts";
 
 interface Failure {
@@ -9,7 +10,8 @@ interface Failure {
 
 /**
  * Makes a host match its NodeSpec through a Runtime, and says what it sees. Keeps what the runtime refused so
- * the report carries it and the same refusal is not retried until the spec asks again.
+ * the report carries it and the same refusal is not retried until the spec asks again. Acts on an instance
+ * only while holding its lock (./locks.ts): one a host command holds is skipped, and reported as pinned.
  */
 export class Converger {
   private readonly failures = new Map<string, Failure>();
@@ -17,34 +19,60 @@ export class Converger {
   constructor(
     private readonly runtime: Runtime,
     private readonly onError: (id: string, e: unknown) => void = () => {},
+    private readonly locks: InstanceLocks = new InstanceLocks(),
   ) {}
 
-  async converge(spec: NodeSpec): Promise<void> {
-    const have = new Map((await this.runtime.list()).map((d) => [d.id, d]));
+  /** One pass over the spec. Returns the instances it skipped because a command held them. */
+  async converge(spec: NodeSpec): Promise<{ skipped: string[] }> {
+    const skipped: string[] = [];
+    let seen = this.locks.releases;
+    let have = new Map((await this.runtime.list()).map((d) => [d.id, d]));
+    // A command that ended since the list may have changed its domain: look again before acting on it.
+    const current = async () => {
+      if (seen !== this.locks.releases) {
+        seen = this.locks.releases;
+        have = new Map((await this.runtime.list()).map((d) => [d.id, d]));
+      }
+      return have;
+    };
     const wanted = new Set(spec.instances.map((i) => i.id));
     for (const id of this.failures.keys()) if (!wanted.has(id)) this.failures.delete(id);
     for (const inst of spec.instances) {
       const failed = this.failures.get(inst.id);
       // A refusal stands until the spec changes and asks for the instance to run again.
       if (failed && (failed.generation === spec.generation || inst.power === "stopped")) continue;
+      const lease = this.locks.tryAcquire(inst.id);
+      if (!lease) {
+        skipped.push(inst.id);
+        continue;
+      }
       try {
-        await this.one(inst, have.get(inst.id));
+        await this.one(inst, (await current()).get(inst.id));
         this.failures.delete(inst.id);
       } catch (e) {
         this.onError(inst.id, e);
         const refused = e instanceof RuntimeError;
         this.failures.set(inst.id, { error: e instanceof Error ? e.message : String(e), retryable: refused ? e.retryable : true, generation: spec.generation });
+      } finally {
+        lease.release();
       }
     }
     for (const id of spec.remove) {
-      if (!wanted.has(id) && have.has(id)) {
-        try {
-          await this.runtime.remove(id);
-        } catch (e) {
-          this.onError(id, e);
-        }
+      if (wanted.has(id)) continue;
+      const lease = this.locks.tryAcquire(id);
+      if (!lease) {
+        skipped.push(id);
+        continue;
+      }
+      try {
+        if ((await current()).has(id)) await this.runtime.remove(id);
+      } catch (e) {
+        this.onError(id, e);
+      } finally {
+        lease.release();
       }
     }
+    return { skipped };
   }
 
   private async one(inst: InstanceSpec, d: DomainStatus | undefined): Promise<void> {
@@ -68,9 +96,12 @@ export class Converger {
     else if (d.state === "running" && inst.power === "paused") await rt.pause(inst.id);
   }
 
-  /** What the host has: every platform-named domain, and the refusals for instances it could not make. */
+  /**
+   * What the host has: every platform-named domain, and the refusals for instances it could not make. An
+   * instance a command holds is shown as it was when the command began.
+   */
   async report(generation: number): Promise<StatusReport> {
-    const domains = await this.runtime.list();
+    const domains = await this.pinnedList();
     const instances: InstanceStatus[] = domains.map((d) => {
       const f = this.failures.get(d.id);
       return { id: d.id, state: f ? "failed" : d.state, addresses: d.addresses, error: f?.error ?? null, retryable: f?.retryable ?? false, shape: d.shape };
@@ -79,5 +110,22 @@ export class Converger {
       if (!domains.some((d) => d.id === id)) instances.push({ id, state: "failed", addresses: [], error: f.error, retryable: f.retryable, shape: null });
     }
     return { generation, instances, capacity: await this.runtime.capacity() };
+  }
+
+  /**
+   * The runtime's list with held instances as pinned. A command can begin or end while the runtime lists, so
+   * the pins from before and after the list both count, and a list that saw a command end is taken again.
+   */
+  private async pinnedList(): Promise<DomainStatus[]> {
+    for (;;) {
+      const releases = this.locks.releases;
+      const before = this.locks.pinned();
+      const listed = await this.runtime.list();
+      if (releases !== this.locks.releases) continue;
+      const pinned = new Map([...before, ...this.locks.pinned()]);
+      const domains = listed.map((d) => pinned.get(d.id) ?? d);
+      for (const [id, d] of pinned) if (!domains.some((x) => x.id === id)) domains.push(d);
+      return domains;
+    }
   }
 }

@@ -1,8 +1,19 @@
 import { existsSync, mkdirSync, readFileSync, renameSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
-import { type NodeSpec, nodeSpec } from "../contracts/host.ts";
-import { createClient, createWsClient, JoinNodeDocument, NodeSpecDocument, ReportStatusDocument, SdkError } from "../sdk/client.ts";
+import { type CommandReport, type NodeSpec, nodeSpec, type StatusReport } from "../contracts/host.ts";
+import {
+  createClient,
+  createWsClient,
+  JoinNodeDocument,
+  NodeCommandsDocument,
+  NodeSpecDocument,
+  ReportCommandDocument,
+  ReportStatusDocument,
+  SdkError,
+} from "../sdk/client.ts";
+import { CommandRunner } from "./commands.ts";
 import { Converger } from "./converge.ts";
+import { InstanceLocks } from "./locks.ts";
 import type { Runtime } from "./runtimes/runtime.ts";
 
 export interface AgentOptions {
@@ -15,6 +26,8 @@ export interface AgentOptions {
   runtime: Runtime;
   heartbeatMs?: number;
   log?: (msg: string, fields?: Record<string, unknown>) => void;
+  /** How host command reports reach the server (resolving: the server has it). Default: the reportCommand mutation. */
+  sendCommandReport?: (report: CommandReport) => Promise<void>;
 }
 
 interface Identity {
@@ -27,80 +40,164 @@ const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
 /**
  * A host agent: joins once, then subscribes to its node's spec, converges the runtime to the newest spec it
  * has (one pass at a time; a spec arriving mid-pass triggers another), reports after each pass and as a
- * heartbeat, and survives server restarts by reconnecting and taking the spec the server sends first.
+ * heartbeat, and survives server restarts by reconnecting and taking the spec the server sends first. Host
+ * commands (`receiveCommand`) run beside the passes, each holding its instance's lock (./locks.ts).
  */
 export async function startAgent(opts: AgentOptions) {
   const log = opts.log ?? (() => {});
   const identity = await ensureIdentity(opts, log);
   const http = createClient({ url: opts.server, token: identity.credential });
-  const converger = new Converger(opts.runtime, (id, e) => log("runtime refused", { id, err: String(e) }));
+  const locks = new InstanceLocks();
+  const converger = new Converger(opts.runtime, (id, e) => log("runtime refused", { id, err: String(e) }), locks);
+  const commands = new CommandRunner({
+    stateDir: opts.stateDir,
+    runtime: opts.runtime,
+    locks,
+    log,
+    send:
+      opts.sendCommandReport ??
+      (async (report) => {
+        try {
+          await http.request(ReportCommandDocument, { report });
+        } catch (e) {
+          // The server's final word on the report (it knows no such command of this node, or refuses the
+          // report's shape): sending it again would get the same answer forever.
+          if (e instanceof SdkError && (e.code === "NOT_FOUND" || e.code === "INVALID_INPUT"))
+            return log("command report refused", { id: report.id, err: String(e) });
+          throw e;
+        }
+      }),
+  });
   let latest: NodeSpec | null = null;
   let converged = 0;
   let running: Promise<void> | null = null;
-  let again = false;
+  let inPass = false;
+  let wantPass = false;
+  let wantReport = false;
   let closed = false;
 
+  // Reports leave one at a time, in the order they were taken, so the server never gets an older view after
+  // a newer one. `last` is the newest one taken between passes: whole, never halfway through a pass.
+  let sending: Promise<void> = Promise.resolve();
+  let queued = 0;
+  let last: StatusReport | null = null;
+  const send = (report: StatusReport) => {
+    queued++;
+    sending = sending
+      .then(() => http.request(ReportStatusDocument, { report }))
+      .then(
+        () => {},
+        (e) => log("report failed", { err: String(e) }),
+      )
+      .finally(() => queued--);
+    return sending;
+  };
   const report = async () => {
     try {
-      await http.request(ReportStatusDocument, { report: await converger.report(converged) });
+      last = await converger.report(converged);
     } catch (e) {
-      log("report failed", { err: String(e) });
+      return log("report failed", { err: String(e) });
     }
+    await send(last);
   };
-  // One pass at a time; a spec arriving during a pass makes the loop go round again. `running` is cleared in
-  // the same tick as the last check of `again`, so no spec can slip in between and be left unapplied.
-  const pass = async () => {
-    while (again && !closed) {
-      again = false;
-      const spec = latest;
-      if (!spec) break;
-      try {
-        await converger.converge(spec);
-        converged = spec.generation;
-      } catch (e) {
-        log("converge failed", { err: String(e) });
+  // Passes and reports take turns in one loop, so a report never reads the host halfway through a pass; a
+  // spec arriving during a pass makes the loop go round again. `running` is cleared in the same tick as the
+  // last check of what is wanted, so nothing asked for in between is left undone.
+  const loop = async () => {
+    while ((wantPass || wantReport) && !closed) {
+      const spec = wantPass ? latest : null;
+      wantPass = false;
+      wantReport = false;
+      if (spec) {
+        inPass = true;
+        try {
+          // Instances a command held were skipped; the command's release asks for another pass. The
+          // generation still counts as applied: every other instance has it, and held ones report as pinned.
+          await converger.converge(spec);
+          converged = spec.generation;
+        } catch (e) {
+          log("converge failed", { err: String(e) });
+        } finally {
+          inPass = false;
+        }
       }
       await report();
     }
     running = null;
   };
-  const kick = () => {
-    again = true;
-    if (!running) running = pass();
+  const schedule = (what: "pass" | "report") => {
+    if (what === "pass") wantPass = true;
+    else wantReport = true;
+    if (!running) running = loop();
   };
+  const kick = () => schedule("pass");
+  locks.onCommandRelease(kick);
+  // A domain a command was in the middle of when the agent died is the command's before the first pass.
+  await commands.recover();
+  void commands.prune().catch((e) => log("pruning command journals failed", { err: String(e) }));
+  const pruning = setInterval(() => void commands.prune().catch((e) => log("pruning command journals failed", { err: String(e) })), 60 * 60 * 1000);
+  pruning.unref();
 
-  // The heartbeat reports, and re-runs a pass if the newest spec is somehow not applied yet.
-  const heartbeat = setInterval(() => (latest && latest.generation > converged ? kick() : void report()), opts.heartbeatMs ?? 5000);
+  // The heartbeat reports, and re-runs a pass if the newest spec is somehow not applied yet. A pass can take
+  // minutes (an image download): meanwhile it sends the last whole report again, so the server still hears
+  // from the host without ever seeing a pass half applied.
+  const heartbeat = setInterval(() => {
+    if (!inPass) schedule(latest && latest.generation > converged ? "pass" : "report");
+    else if (last && queued === 0) void send(last);
+  }, opts.heartbeatMs ?? 5000);
   let giveUp: (why: string) => void = () => {};
   const ended = new Promise<string>((resolve) => {
     giveUp = resolve;
   });
-  const ws = await createWsClient({ url: opts.server, token: identity.credential, onConnected: () => log("connected") });
-  const follow = (async () => {
+  const ws = await createWsClient({
+    url: opts.server,
+    token: identity.credential,
+    onConnected: () => {
+      log("connected");
+      void commands.resendUnconfirmed().catch((e) => log("re-sending command reports failed", { err: String(e) }));
+    },
+  });
+  // Both streams retry with backoff. 4401: the server no longer knows this node's credential (declared gone,
+  // or revoked); retrying cannot help, the host has to join again with a new token.
+  const stream = async <T>(what: string, open: () => AsyncIterable<T>, take: (payload: T) => void) => {
     for (let attempt = 0; !closed; attempt++) {
       try {
-        for await (const payload of ws.subscribe(NodeSpecDocument)) {
+        for await (const payload of open()) {
           attempt = 0;
-          const spec = nodeSpec.parse(payload.nodeSpec.spec);
-          if (latest && spec.generation < latest.generation) continue;
-          latest = spec;
-          kick();
+          take(payload);
         }
       } catch (e) {
         if (closed) return;
-        // 4401: the server no longer knows this node's credential (declared gone, or revoked). Retrying
-        // cannot help; the host has to join again with a new token.
         if ((e as { code?: number })?.code === 4401) {
           closed = true;
           clearInterval(heartbeat);
+          clearInterval(pruning);
           giveUp(`node ${identity.nodeId}: the server refused its credential (${(e as { reason?: string }).reason ?? "4401"}); join again with a new token`);
           return;
         }
-        log("spec stream interrupted", { err: String(e) });
+        log(`${what} stream interrupted`, { err: String(e) });
       }
       await sleep(Math.min(10_000, 250 * 2 ** attempt));
     }
-  })();
+  };
+  const follow = Promise.all([
+    stream(
+      "spec",
+      () => ws.subscribe(NodeSpecDocument),
+      (payload) => {
+        const spec = nodeSpec.parse(payload.nodeSpec.spec);
+        if (latest && spec.generation < latest.generation) return;
+        latest = spec;
+        kick();
+      },
+    ),
+    // A command comes again after every reconnect until it is finished: the runner's journal makes that harmless.
+    stream(
+      "command",
+      () => ws.subscribe(NodeCommandsDocument),
+      (payload) => void commands.receive(payload.nodeCommands.command),
+    ),
+  ]);
 
   return {
     nodeId: identity.nodeId,
@@ -108,12 +205,19 @@ export async function startAgent(opts: AgentOptions) {
     converged: () => converged,
     /** Settles, with the reason, if the agent gives up for good (its credential was refused). */
     ended,
+    /**
+     * Hand a host command to the agent as the nodeCommands stream does (validated here as contracts/host.ts
+     * `hostCommand`). Settles when it has run or been refused; its reports go through `sendCommandReport`.
+     */
+    receiveCommand: (cmd: unknown) => commands.receive(cmd),
     async close() {
       closed = true;
       clearInterval(heartbeat);
+      clearInterval(pruning);
       await ws.dispose();
       await Promise.race([follow, sleep(1000)]);
       await running;
+      await commands.close();
       await opts.runtime.close();
     },
   };

@@ -15,7 +15,7 @@ export interface RuntimeOptions {
 }
 type Make = (o: RuntimeOptions) => Promise<Runtime> | Runtime;
 
-const ops = ["create", "start", "stop", "pause", "resume", "remove", "resize"] as const;
+const ops = ["create", "start", "stop", "pause", "resume", "remove", "resize", "snapshot", "restore"] as const;
 
 export const fakeRuntime: Make = (o) =>
   createFakeRuntime({

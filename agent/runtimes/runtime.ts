@@ -41,9 +41,17 @@ export interface Runtime {
   resize(id: string, shape: DomainStatus["shape"]): Promise<void>;
   /** Domain, overlay and seed gone. */
   remove(id: string): Promise<void>;
-  /** Save a running (or paused) domain's memory to `file`; the domain is stopped afterwards. */
-  snapshot(id: string, file: string): Promise<void>;
-  /** Bring a stopped domain back from `file`, running where it was saved. */
-  restore(id: string, file: string): Promise<void>;
+  /**
+   * Save a running or paused domain's memory and disk as `snapshotId`, kept with the domain (`remove` deletes
+   * it). The domain ends in the power state it had. A snapshot already complete is not taken again: its size
+   * is returned. A stopped domain has no memory to save: a non-retryable RuntimeError.
+   */
+  snapshot(id: string, snapshotId: string): Promise<{ sizeBytes: number }>;
+  /**
+   * Put the domain back to `snapshotId`, disk and memory, in the power state it was saved in, whatever its
+   * power state now (a running domain is stopped hard: it is being reverted). The snapshot stays usable.
+   * An unknown snapshot is a non-retryable RuntimeError.
+   */
+  restore(id: string, snapshotId: string): Promise<void>;
   close(): Promise<void>;
 }

@@ -1,13 +1,26 @@
-import { copyFileSync, existsSync, mkdtempSync, readdirSync, rmSync, writeFileSync } from "node:fs";
+import { copyFileSync, existsSync, mkdirSync, mkdtempSync, readdirSync, readFileSync, rmSync, statSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
-import { join } from "node:path";
+import { dirname, join } from "node:path";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { createLibvirtRuntime, type LibvirtRuntimeExtras } from "../../agent/runtimes/libvirt-kvm/index.ts";
 import { type Runtime, RuntimeError } from "../../agent/runtimes/runtime.ts";
 import type { InstanceSpec } from "../../contracts/host.ts";
 import { testKey, until } from "../support/fixtures.ts";
 import { buildGuest, type Guest } from "./guest.ts";
-import { fileSha256, guestSaid, keyBlobSha256, makeBridge, openPath, readFromDisk, requireHypervisor, serveFiles, sh, tinySpec, virsh } from "./support.ts";
+import {
+  fileSha256,
+  guestSaid,
+  keyBlobSha256,
+  makeBridge,
+  openPath,
+  readFromDisk,
+  requireHypervisor,
+  serveFiles,
+  sh,
+  ticksSince,
+  tinySpec,
+  virsh,
+} from "./support.ts";
 
 /** The libvirt-kvm runtime on the real libvirtd and QEMU of this machine, with a guest built from Debian packages. */
 
@@ -64,7 +77,7 @@ function spec(over: Partial<InstanceSpec> = {}): InstanceSpec {
 const stateOf = async (id: string) => (await rt.list()).find((d) => d.id === id)?.state;
 
 describe(`libvirt-kvm on this machine's libvirtd`, () => {
-  it("boots a guest from a verified base, with its seed, NIC on the bridge and a disk of its own; stops, pauses, saves, restores and removes it", async () => {
+  it("boots a guest from a verified base, with its seed, NIC on the bridge and a disk of its own; stops, pauses, snapshots, restores and removes it", async () => {
     const s = spec();
     await rt.create(s);
     expect(await stateOf(s.id)).toBe("stopped");
@@ -92,22 +105,42 @@ describe(`libvirt-kvm on this machine's libvirtd`, () => {
     await rt.resume(s.id);
     expect(await stateOf(s.id)).toBe("running");
 
-    const memory = join(root, `${s.id}.mem`);
-    await rt.snapshot(s.id, memory);
-    expect(await stateOf(s.id)).toBe("stopped");
-    // A disk that now stands on anything but this host's verified base is refused before it is restored.
+    // A snapshot is kept with the instance and leaves it in the power state it had, running or paused.
+    const { sizeBytes } = await rt.snapshot(s.id, "snap_running");
+    expect(await stateOf(s.id)).toBe("running");
+    const snapDir = rt.snapshotDir(s.id, "snap_running");
+    expect(readdirSync(snapDir).sort()).toEqual(["disk.qcow2", "memory.save", "power"]);
+    expect(sizeBytes).toBe(readdirSync(snapDir).reduce((n, f) => n + statSync(join(snapDir, f)).size, 0));
+    const saved = statSync(join(snapDir, "memory.save")).mtimeMs;
+    expect(await rt.snapshot(s.id, "snap_running")).toEqual({ sizeBytes }); // once per id: not saved again
+    expect(statSync(join(snapDir, "memory.save")).mtimeMs).toBe(saved);
+    await rt.pause(s.id);
+    await rt.snapshot(s.id, "snap_paused");
+    expect(await stateOf(s.id)).toBe("paused");
+
+    await expect(rt.restore(s.id, "snap_never")).rejects.toMatchObject({ name: "RuntimeError", retryable: false });
+    // A snapshot whose disk now stands on anything but this host's verified base is refused before the domain
+    // or its overlay is touched.
     const foreign = join(root, "foreign.qcow2");
     await sh("qemu-img", ["create", "-q", "-f", "qcow2", foreign, "1G"]);
-    await sh("qemu-img", ["rebase", "-u", "-F", "qcow2", "-b", foreign, rt.overlayPath(s.id)]);
-    await expect(rt.restore(s.id, memory)).rejects.toThrow(/not on a verified base of this host; refused/);
+    const pausedDisk = join(rt.snapshotDir(s.id, "snap_paused"), "disk.qcow2");
+    await sh("qemu-img", ["rebase", "-u", "-F", "qcow2", "-b", foreign, pausedDisk]);
+    const overlayBefore = fileSha256(rt.overlayPath(s.id));
+    await expect(rt.restore(s.id, "snap_paused")).rejects.toThrow(/not on a verified base of this host; refused/);
+    expect(await stateOf(s.id)).toBe("paused");
+    expect(fileSha256(rt.overlayPath(s.id))).toBe(overlayBefore);
     const cachedBase = join(root, "state", "images", `${guest.sha256}.qcow2`);
-    await sh("qemu-img", ["rebase", "-u", "-F", "qcow2", "-b", cachedBase, rt.overlayPath(s.id)]);
-    await rt.restore(s.id, memory);
+    await sh("qemu-img", ["rebase", "-u", "-F", "qcow2", "-b", cachedBase, pausedDisk]);
+    await rt.restore(s.id, "snap_paused"); // over a paused domain
+    expect(await stateOf(s.id)).toBe("paused");
+    await rt.resume(s.id);
+    await rt.restore(s.id, "snap_running"); // over a running one, stopped hard: it is being reverted anyway
     expect(await stateOf(s.id)).toBe("running");
 
     // This guest ignores the power button: stop waits its bound, then pulls the plug.
     await rt.stop(s.id);
     expect(await stateOf(s.id)).toBe("stopped");
+    await expect(rt.snapshot(s.id, "snap_stopped")).rejects.toMatchObject({ name: "RuntimeError", retryable: false });
     expect(await readFromDisk(rt.overlayPath(s.id), `/bc-${s.id}`, join(root, "disk.raw"))).toContain(s.id);
     expect(fileSha256(guest.base)).toBe(guest.sha256);
     expect(readdirSync(join(root, "state", "images"))).toEqual([`${guest.sha256}.qcow2`]);
@@ -116,6 +149,60 @@ describe(`libvirt-kvm on this machine's libvirtd`, () => {
     expect(await stateOf(s.id)).toBeUndefined();
     expect(await virsh("list", "--all", "--name")).not.toContain(s.id);
     expect(existsSync(join(root, "state", "instances", s.id))).toBe(false);
+  }, 300_000);
+
+  it("restores memory and disk as snapshotted: the guest's in-memory counter goes on from the snapshot, not from where it had got to", async () => {
+    const s = spec();
+    const log = () => rt.consolePath(s.id);
+    const top = (from = 0) => Math.max(0, ...ticksSince(log(), from));
+    await rt.create(s);
+    await rt.start(s.id);
+    // Five ticks at least, so a guest that booted afresh (counting from 1) could not pass for a restored one.
+    await until("the guest to count", () => top() >= 5, 120_000, 100);
+    const beforeSnapshot = top();
+    await rt.snapshot(s.id, "snap_point");
+    const atSnapshot = top(); // the snapshot was taken at or before this tick
+    expect(await stateOf(s.id)).toBe("running");
+    await until("the guest to count on after the snapshot", () => top() > atSnapshot + 5, 60_000, 100);
+
+    // Paused, the guest prints nothing more; stopped and grown, its disk differs from the snapshot's.
+    await rt.pause(s.id);
+    const highest = top();
+    await rt.stop(s.id);
+    await rt.resize(s.id, { vcpus: 1, memoryMib: 256, diskGib: 2 });
+    expect((await rt.list()).find((d) => d.id === s.id)?.shape.diskGib).toBe(2);
+
+    const mark = statSync(log()).size;
+    await rt.restore(s.id, "snap_point");
+    expect(await stateOf(s.id)).toBe("running");
+    expect((await rt.list()).find((d) => d.id === s.id)?.shape.diskGib).toBe(1);
+    await until("the restored guest to count", () => ticksSince(log(), mark).length >= 5, 60_000, 100);
+    const after = ticksSince(log(), mark);
+    expect(after[0]).toBeGreaterThan(beforeSnapshot);
+    expect(after[0]).toBeLessThanOrEqual(atSnapshot + 2);
+    expect(after[0]).toBeLessThan(highest - 2);
+    expect(after).toEqual(after.map((_, i) => (after[0] as number) + i));
+    // Not a boot: the restored guest never says ready again.
+    expect(readFileSync(log()).subarray(mark).toString("utf8")).not.toContain("BC-GUEST ready");
+
+    // What an agent that died halfway through a snapshot leaves: the domain saved (off), the memory in the
+    // snapshot's partial directory, and the runtime's note of it. The command, run again, finishes it.
+    const partial = `${rt.snapshotDir(s.id, "snap_crash")}.partial`;
+    mkdirSync(partial, { recursive: true });
+    await virsh("save", s.id, join(partial, "memory.save"));
+    writeFileSync(join(dirname(rt.overlayPath(s.id)), "saving.json"), JSON.stringify({ snapshotId: "snap_crash", power: "running" }));
+    const beforeCrash = top(mark);
+    expect(await stateOf(s.id)).toBe("stopped");
+    const resumed = statSync(log()).size;
+    const { sizeBytes } = await rt.snapshot(s.id, "snap_crash");
+    expect(await stateOf(s.id)).toBe("running");
+    expect(readdirSync(rt.snapshotDir(s.id, "snap_crash")).sort()).toEqual(["disk.qcow2", "memory.save", "power"]);
+    expect(sizeBytes).toBeGreaterThan(0);
+    expect(existsSync(partial)).toBe(false);
+    await until("the guest to count on after the interrupted snapshot", () => ticksSince(log(), resumed).length >= 2, 60_000, 100);
+    const carriedOn = ticksSince(log(), resumed)[0] as number;
+    expect(carriedOn).toBeGreaterThan(beforeCrash);
+    expect(carriedOn).toBeLessThanOrEqual(beforeCrash + 2);
   }, 300_000);
 
   it("refuses an image whose bytes do not match its sha256, and keeps nothing of it", async () => {

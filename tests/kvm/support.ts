@@ -77,6 +77,16 @@ export function guestSaid(consolePath: string): Record<string, string[]> {
   return out;
 }
 
+/**
+ * The guest's in-memory counter as printed on its console from byte `from` of the log on (the log is appended
+ * across boots and restores). Only whole lines: QEMU may be halfway through writing the last one.
+ */
+export function ticksSince(consolePath: string, from = 0): number[] {
+  if (!existsSync(consolePath)) return [];
+  const text = readFileSync(consolePath).subarray(from).toString("utf8");
+  return [...text.matchAll(/BC-GUEST tick=(\d+)\r?\n/g)].map((m) => Number(m[1]));
+}
+
 /** What the guest prints for an OpenSSH public key: the sha256 of the decoded key blob. */
 export const keyBlobSha256 = (key: string) =>
   createHash("sha256")

@@ -1,4 +1,4 @@
-import { existsSync, readdirSync, readFileSync, statSync } from "node:fs";
+import { existsSync, readdirSync, readFileSync, statSync, writeFileSync } from "node:fs";
 import { mkdtemp, rm } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
@@ -6,6 +6,7 @@ import { afterEach, beforeEach, describe, expect, it } from "vitest";
 import { clearFailures, createFakeRuntime, injectFailure } from "../../agent/runtimes/fake/index.ts";
 import { RuntimeError } from "../../agent/runtimes/runtime.ts";
 import { type InstanceSpec, instanceSpec } from "../../contracts/host.ts";
+import { until } from "../support/fixtures.ts";
 
 const key = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIB1Xq0mWdJ9e3S0k alice@laptop";
 const userData = "#!/bin/sh\necho hello from user data > /tmp/hello\n";
@@ -258,5 +259,145 @@ describe("fake runtime", () => {
     const rt = createFakeRuntime({ dir: join(dir, "other"), capacity });
     expect(await rt.capacity()).toEqual(capacity);
     expect(rt.id).toBe("fake");
+  });
+});
+
+describe("fake runtime snapshots", () => {
+  const snapDir = (id: string, snap: string) => join(dir, "snapshots", id, snap);
+  const overlayOf = (id: string) => JSON.parse(readFileSync(join(dir, "overlays", `${id}.qcow2`), "utf8"));
+  const bytesIn = (d: string) => readdirSync(d).reduce((n, f) => n + statSync(join(d, f)).size, 0);
+
+  it("keeps memory and disk with the domain, which ends in the power state it had", async () => {
+    const rt = createFakeRuntime({ dir });
+    await rt.create(spec("inst_a"));
+    await rt.start("inst_a");
+    const { sizeBytes } = await rt.snapshot("inst_a", "snap_run");
+    expect(await stateOf(rt, "inst_a")).toBe("running");
+    expect(readdirSync(snapDir("inst_a", "snap_run")).sort()).toEqual(["domain.json", "overlay.qcow2"]);
+    expect(sizeBytes).toBe(bytesIn(snapDir("inst_a", "snap_run")));
+    expect(readdirSync(join(dir, "snapshots", "inst_a"))).toEqual(["snap_run"]); // nothing partial left behind
+
+    await rt.pause("inst_a");
+    await rt.snapshot("inst_a", "snap_paused");
+    expect(await stateOf(rt, "inst_a")).toBe("paused");
+  });
+
+  it("takes a snapshot once per id: a second call returns its size and rewrites nothing", async () => {
+    const rt = createFakeRuntime({ dir });
+    await rt.create(spec("inst_a"));
+    await rt.start("inst_a");
+    const first = await rt.snapshot("inst_a", "snap_1");
+    const inode = statSync(join(snapDir("inst_a", "snap_1"), "overlay.qcow2")).ino;
+    await rt.stop("inst_a"); // even stopped now: the snapshot exists, nothing needs the domain's memory
+    expect(await rt.snapshot("inst_a", "snap_1")).toEqual(first);
+    expect(statSync(join(snapDir("inst_a", "snap_1"), "overlay.qcow2")).ino).toBe(inode);
+  });
+
+  it("refuses a stopped domain, a missing domain and a bad snapshot name, not retryable", async () => {
+    const rt = createFakeRuntime({ dir });
+    await rt.create(spec("inst_a"));
+    for (const call of [() => rt.snapshot("inst_a", "snap_1"), () => rt.snapshot("inst_nope", "snap_1"), () => rt.snapshot("inst_a", "../x")]) {
+      const err = await rejection(call());
+      expect(err).toBeInstanceOf(RuntimeError);
+      expect((err as RuntimeError).retryable).toBe(false);
+    }
+    expect(existsSync(join(dir, "snapshots", "inst_a", "snap_1"))).toBe(false);
+  });
+
+  it("restores disk and power as saved, from any power state, as often as asked", async () => {
+    const rt = createFakeRuntime({ dir });
+    await rt.create(spec("inst_a"));
+    await rt.start("inst_a");
+    await rt.snapshot("inst_a", "snap_1");
+    await rt.stop("inst_a");
+    await rt.resize("inst_a", { vcpus: 4, memoryMib: 4096, diskGib: 40 });
+    expect(overlayOf("inst_a").virtualSizeGib).toBe(40);
+
+    await rt.restore("inst_a", "snap_1"); // from stopped
+    expect((await rt.list())[0]).toMatchObject({ state: "running", shape: { vcpus: 2, memoryMib: 2048, diskGib: 20 } });
+    expect(overlayOf("inst_a").virtualSizeGib).toBe(20);
+    await rt.pause("inst_a");
+    await rt.restore("inst_a", "snap_1"); // from paused
+    expect(await stateOf(rt, "inst_a")).toBe("running");
+    await rt.restore("inst_a", "snap_1"); // from running
+    expect(await stateOf(rt, "inst_a")).toBe("running");
+
+    await rt.pause("inst_a");
+    await rt.snapshot("inst_a", "snap_paused");
+    await rt.resume("inst_a");
+    await rt.restore("inst_a", "snap_paused");
+    expect(await stateOf(rt, "inst_a")).toBe("paused");
+  });
+
+  it("refuses an unknown snapshot, not retryable, and leaves the domain as it was", async () => {
+    const rt = createFakeRuntime({ dir });
+    await rt.create(spec("inst_a"));
+    await rt.start("inst_a");
+    const err = await rejection(rt.restore("inst_a", "snap_never"));
+    expect(err).toBeInstanceOf(RuntimeError);
+    expect(err).toMatchObject({ retryable: false, message: expect.stringContaining("snap_never") });
+    expect(await stateOf(rt, "inst_a")).toBe("running");
+  });
+
+  it("shows the domain stopped while it is saved, as a hypervisor would", async () => {
+    const rt = createFakeRuntime({ dir, delays: { snapshot: 300 } });
+    await rt.create(spec("inst_a"));
+    await rt.start("inst_a");
+    const taking = rt.snapshot("inst_a", "snap_1");
+    await until("the save to stop the domain", async () => (await stateOf(rt, "inst_a")) === "stopped", 5000, 5);
+    await taking;
+    expect(await stateOf(rt, "inst_a")).toBe("running");
+  });
+
+  it("finishes a snapshot the agent died in, and brings the domain back as it was", async () => {
+    const rt = createFakeRuntime({ dir });
+    await rt.create(spec("inst_a"));
+    await rt.start("inst_a");
+    await rt.pause("inst_a");
+    // What a save leaves on disk when the process dies before the domain is back: off, and marked.
+    const file = join(dir, "domains", "inst_a.json");
+    const record = JSON.parse(readFileSync(file, "utf8"));
+    writeFileSync(file, JSON.stringify({ ...record, state: "stopped", saving: { snapshotId: "snap_1", power: "paused" } }));
+
+    const again = createFakeRuntime({ dir });
+    expect(await stateOf(again, "inst_a")).toBe("stopped");
+    const { sizeBytes } = await again.snapshot("inst_a", "snap_1");
+    expect(sizeBytes).toBe(bytesIn(snapDir("inst_a", "snap_1")));
+    expect(await stateOf(again, "inst_a")).toBe("paused");
+    expect(JSON.parse(readFileSync(join(snapDir("inst_a", "snap_1"), "domain.json"), "utf8"))).toMatchObject({ state: "paused" });
+    expect(JSON.parse(readFileSync(file, "utf8")).saving).toBeUndefined();
+
+    // Started instead (the converger got there first): the same, the domain comes back as it was saved.
+    writeFileSync(file, JSON.stringify({ ...record, state: "stopped", saving: { snapshotId: "snap_2", power: "paused" } }));
+    await again.start("inst_a");
+    expect(await stateOf(again, "inst_a")).toBe("paused");
+    expect(existsSync(snapDir("inst_a", "snap_2"))).toBe(true);
+  });
+
+  it("injected failures on snapshot and restore change nothing", async () => {
+    const rt = createFakeRuntime({ dir });
+    await rt.create(spec("inst_a"));
+    await rt.start("inst_a");
+    injectFailure(dir, "snapshot", { error: "no space for the memory image", retryable: true, times: 1 });
+    expect(await rejection(rt.snapshot("inst_a", "snap_1"))).toMatchObject({ message: "no space for the memory image", retryable: true });
+    expect(existsSync(snapDir("inst_a", "snap_1"))).toBe(false);
+    expect(await stateOf(rt, "inst_a")).toBe("running");
+    await rt.snapshot("inst_a", "snap_1");
+
+    await rt.pause("inst_a");
+    injectFailure(dir, "restore", { error: "libvirt: restore failed", retryable: true, times: 1 });
+    expect(await rejection(rt.restore("inst_a", "snap_1"))).toMatchObject({ message: "libvirt: restore failed" });
+    expect(await stateOf(rt, "inst_a")).toBe("paused");
+    await rt.restore("inst_a", "snap_1");
+    expect(await stateOf(rt, "inst_a")).toBe("running");
+  });
+
+  it("remove takes the domain's snapshots with it", async () => {
+    const rt = createFakeRuntime({ dir });
+    await rt.create(spec("inst_a"));
+    await rt.start("inst_a");
+    await rt.snapshot("inst_a", "snap_1");
+    await rt.remove("inst_a");
+    expect(existsSync(join(dir, "snapshots", "inst_a"))).toBe(false);
   });
 });

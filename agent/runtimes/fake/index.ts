@@ -1,5 +1,5 @@
 import { existsSync, mkdirSync, readFileSync, renameSync, rmSync, writeFileSync } from "node:fs";
-import { readdir, readFile, rename, rm, writeFile } from "node:fs/promises";
+import { copyFile, mkdir, readdir, readFile, rename, rm, stat, writeFile } from "node:fs/promises";
 import { join } from "node:path";
 import { setTimeout as sleep } from "node:timers/promises";
 import type { Capacity } from "../../../contracts/host.ts";
@@ -39,6 +39,8 @@ interface DomainRecord {
   mac: string;
   image: { url: string; sha256: string };
   createdAt: string;
+  /** Set while a snapshot has the domain saved (off): the snapshot and the power state it had. */
+  saving?: { snapshotId: string; power: PowerState };
 }
 
 const defaultCapacity: Capacity = { vcpus: 16, memoryMib: 65536, diskGib: 1000, gpus: [] };
@@ -128,8 +130,13 @@ export function createFakeRuntime(opts: FakeOptions): Runtime {
     overlay: (id: string) => join(dir, "overlays", `${id}.qcow2`),
     seed: (id: string) => join(dir, "seeds", `${id}.iso`),
     image: (sha256: string) => join(dir, "images", sha256),
+    snapshots: (id: string) => join(dir, "snapshots", id),
+    snapshot: (id: string, snapshotId: string) => {
+      if (!safeId.test(snapshotId)) throw new RuntimeError(`invalid snapshot name '${snapshotId}'`, false);
+      return join(dir, "snapshots", id, snapshotId);
+    },
   };
-  for (const sub of ["domains", "overlays", "seeds", "images"]) mkdirSync(join(dir, sub), { recursive: true });
+  for (const sub of ["domains", "overlays", "seeds", "images", "snapshots"]) mkdirSync(join(dir, sub), { recursive: true });
 
   // One promise chain per domain: an operation starts only once the previous one on that domain settled.
   const chains = new Map<string, Promise<unknown>>();
@@ -146,11 +153,16 @@ export function createFakeRuntime(opts: FakeOptions): Runtime {
     return next;
   }
 
+  const delay = async (name: FakeOp) => {
+    const ms = opts.delays?.[name] ?? 0;
+    if (ms > 0) await sleep(ms);
+  };
+
+  // A snapshot spends its delay inside, while the domain is saved, as a real save spends its time.
   async function op<T>(name: FakeOp, id: string, fn: () => Promise<T>): Promise<T> {
     if (!safeId.test(id)) throw new RuntimeError(`invalid domain name '${id}'`, false);
     return serial(id, async () => {
-      const ms = opts.delays?.[name] ?? 0;
-      if (ms > 0) await sleep(ms);
+      if (name !== "snapshot") await delay(name);
       consumeInjected(dir, name);
       return fn();
     });
@@ -169,10 +181,48 @@ export function createFakeRuntime(opts: FakeOptions): Runtime {
   const overlay = (sha256: string, diskGib: number) =>
     `${JSON.stringify({ format: "qcow2", backingFile: `../images/${sha256}`, backingFormat: "qcow2", backingSha256: sha256, virtualSizeGib: diskGib })}\n`;
 
+  /** The domain's record and overlay as `snapshotId`: written aside, renamed into place, so a snapshot dir is whole. */
+  async function capture(record: DomainRecord, snapshotId: string): Promise<void> {
+    const final = paths.snapshot(record.id, snapshotId);
+    const partial = `${final}.partial`;
+    await rm(partial, { recursive: true, force: true });
+    await mkdir(partial, { recursive: true });
+    const { saving: _, ...saved } = record;
+    await writeFile(join(partial, "domain.json"), `${JSON.stringify(saved, null, 2)}\n`);
+    await copyFile(paths.overlay(record.id), join(partial, "overlay.qcow2"));
+    await rename(partial, final);
+  }
+
+  async function sizeOf(snapshotDir: string): Promise<number> {
+    let total = 0;
+    for (const f of await readdir(snapshotDir)) total += (await stat(join(snapshotDir, f))).size;
+    return total;
+  }
+
+  /**
+   * A domain saved by a snapshot: finish the snapshot's files, then bring the domain back as it was (`thaw`)
+   * or leave it off (a stop wanted it off anyway). A snapshot's own last step, and the recovery of one the
+   * agent died in. The domain comes back even when the files cannot be finished.
+   */
+  async function settle(d: DomainRecord, thaw: boolean): Promise<DomainRecord> {
+    if (!d.saving) return d;
+    const { saving, ...rest } = d;
+    const back = { ...rest, state: thaw ? saving.power : "stopped" };
+    try {
+      if (!existsSync(paths.snapshot(d.id, saving.snapshotId))) await capture({ ...rest, state: saving.power }, saving.snapshotId);
+    } finally {
+      await save(back);
+    }
+    return back;
+  }
+
   function power(move: keyof typeof moves) {
     return (id: string) =>
       op(move, id, async () => {
-        const d = await load(id);
+        const saved = await load(id);
+        const d = await settle(saved, move !== "stop");
+        // Brought back from a save (paused, maybe): started, as the libvirt runtime's start is.
+        if (saved.saving && move === "start") return;
         const { to, from } = moves[move];
         if (d.state === to) return;
         if (!from.includes(d.state)) throw new RuntimeError(`Requested operation is not valid: domain '${id}' is ${d.state}, cannot ${move}`, false);
@@ -233,7 +283,7 @@ export function createFakeRuntime(opts: FakeOptions): Runtime {
 
     resize: (id, shape) =>
       op("resize", id, async () => {
-        const d = await load(id);
+        const d = await settle(await load(id), false);
         if (d.state !== "stopped") throw new RuntimeError(`Requested operation is not valid: domain '${id}' is ${d.state}, resize needs it stopped`, false);
         for (const k of ["vcpus", "memoryMib", "diskGib"] as const) {
           if (!Number.isInteger(shape[k]) || shape[k] <= 0) throw new RuntimeError(`invalid ${k}: ${shape[k]}`, false);
@@ -249,25 +299,35 @@ export function createFakeRuntime(opts: FakeOptions): Runtime {
         // remove interrupted halfway gets called again.
         await rm(paths.overlay(id), { force: true });
         await rm(paths.seed(id), { force: true });
+        await rm(paths.snapshots(id), { recursive: true, force: true });
         await rm(paths.domain(id), { force: true });
       }),
 
-    // The fake's "memory image" is the domain record itself: saving stops it, restoring brings it back running.
-    snapshot: (id, file) =>
+    // The fake's memory is its domain record: a snapshot keeps the record and a copy of the overlay.
+    snapshot: (id, snapshotId) =>
       op("snapshot", id, async () => {
-        const d = await load(id);
-        if (d.state === "stopped") throw new RuntimeError(`Requested operation is not valid: domain '${id}' is not running`, false);
-        await writeAtomic(file, `${JSON.stringify(d)}\n`);
-        await save({ ...d, state: "stopped" });
+        const final = paths.snapshot(id, snapshotId);
+        const d = await settle(await load(id), true);
+        if (existsSync(final)) return { sizeBytes: await sizeOf(final) };
+        if (d.state === "stopped") throw new RuntimeError(`Requested operation is not valid: domain '${id}' is not running: no memory to save`, false);
+        // Off while saved, as under libvirt: a status read meanwhile sees it stopped.
+        const saving: DomainRecord = { ...d, state: "stopped", saving: { snapshotId, power: d.state } };
+        await save(saving);
+        await delay("snapshot");
+        await settle(saving, true);
+        return { sizeBytes: await sizeOf(final) };
       }),
 
-    restore: (id, file) =>
+    restore: (id, snapshotId) =>
       op("restore", id, async () => {
-        const d = await load(id);
-        if (d.state !== "stopped") throw new RuntimeError(`Requested operation is not valid: domain '${id}' is ${d.state}, restore needs it stopped`, false);
-        const saved = JSON.parse(await readFile(file, "utf8")) as DomainRecord;
-        if (saved.id !== id) throw new RuntimeError(`${file} holds ${saved.id}, not ${id}`, false);
-        await save({ ...d, state: saved.state === "paused" ? "paused" : "running" });
+        const final = paths.snapshot(id, snapshotId);
+        const { saving: _, ...d } = await load(id);
+        if (!existsSync(final)) throw new RuntimeError(`no snapshot ${snapshotId} of domain '${id}'`, false);
+        const saved = JSON.parse(await readFile(join(final, "domain.json"), "utf8")) as DomainRecord;
+        const tmp = tmpName(paths.overlay(id));
+        await copyFile(join(final, "overlay.qcow2"), tmp);
+        await rename(tmp, paths.overlay(id));
+        await save({ ...d, state: saved.state, shape: saved.shape });
       }),
 
     async close() {

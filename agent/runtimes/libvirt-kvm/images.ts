@@ -23,11 +23,12 @@ interface QemuImgInfo {
 
 /**
  * Inspect an image as the format it was registered with, without following anything it names: a qcow2 is
- * opened with `backing: null`, so its header is read but no backing file is ever opened on the host.
+ * opened with `backing: null`, so its header is read but no backing file is ever opened on the host. `-U`
+ * (force-share): the disk of a running domain is locked by its QEMU, and reading its header is still safe.
  */
 export async function imageInfo(path: string, format: "raw" | "qcow2" | "iso"): Promise<QemuImgInfo> {
   const target = format === "qcow2" ? `json:${JSON.stringify({ driver: "qcow2", backing: null, file: { driver: "file", filename: path } })}` : path;
-  const args = ["info", "--output=json", ...(format === "qcow2" ? [] : ["-f", "raw"]), target];
+  const args = ["info", "-U", "--output=json", ...(format === "qcow2" ? [] : ["-f", "raw"]), target];
   return JSON.parse(await run("qemu-img", args)) as QemuImgInfo;
 }
 

@@ -1,6 +1,6 @@
 import { randomUUID } from "node:crypto";
-import { existsSync } from "node:fs";
-import { mkdir, mkdtemp, readFile, rename, rm, writeFile } from "node:fs/promises";
+import { constants, existsSync } from "node:fs";
+import { copyFile, mkdir, mkdtemp, readFile, rename, rm, writeFile } from "node:fs/promises";
 import { dirname, join, resolve } from "node:path";
 import { setTimeout as sleep } from "node:timers/promises";
 import type { Capacity, InstanceSpec } from "../../../contracts/host.ts";
@@ -10,6 +10,7 @@ import { type DirectBoot, type DomainType, domainXml, ownedBy } from "./domain-x
 import { run } from "./exec.ts";
 import { detectDomainType, diskGib } from "./host.ts";
 import { ImageCache, imageInfo, refuseReferences } from "./images.ts";
+import { clearSaving, markSaving, readSaving, type Saving, savedPower, seal, sizeOf, snapshotPaths } from "./snapshots.ts";
 
 /**
  * The `libvirt-kvm` runtime: real virtual machines through libvirt and QEMU, over the Node bindings
@@ -110,6 +111,8 @@ export interface LibvirtRuntimeExtras {
   /** Where an instance's serial console is written (tests and operators read the guest's own words there). */
   consolePath(id: string): string;
   overlayPath(id: string): string;
+  /** Where snapshot `snapshotId` of an instance keeps its files (./snapshots.ts). */
+  snapshotDir(id: string, snapshotId: string): string;
 }
 
 class LibvirtRuntime implements Runtime, LibvirtRuntimeExtras {
@@ -135,6 +138,7 @@ class LibvirtRuntime implements Runtime, LibvirtRuntimeExtras {
   }
   consolePath = (id: string) => join(this.dir(id), "console.log");
   overlayPath = (id: string) => join(this.dir(id), "overlay.qcow2");
+  snapshotDir = (id: string, snapshotId: string) => snapshotPaths(this.dir(id), snapshotId).final;
 
   async capacity(): Promise<Capacity> {
     const node = await this.libvirt(() => this.hv.nodeGetInfo());
@@ -174,11 +178,13 @@ class LibvirtRuntime implements Runtime, LibvirtRuntimeExtras {
 
   async start(id: string): Promise<void> {
     const d = await this.must(id);
+    await this.settle(id, d, true);
     if ((await this.power(d)) === "stopped") await this.libvirt(() => this.hv.domainCreate(d));
   }
 
   async stop(id: string): Promise<void> {
     const d = await this.must(id);
+    await this.settle(id, d, false);
     const now = await this.power(d);
     if (now === "stopped") return;
     // A paused guest cannot answer the power button; a running one gets a bounded chance to shut down cleanly.
@@ -195,16 +201,19 @@ class LibvirtRuntime implements Runtime, LibvirtRuntimeExtras {
 
   async pause(id: string): Promise<void> {
     const d = await this.must(id);
+    await this.settle(id, d, true);
     if ((await this.power(d)) === "running") await this.libvirt(() => this.hv.domainSuspend(d));
   }
 
   async resume(id: string): Promise<void> {
     const d = await this.must(id);
+    await this.settle(id, d, true);
     if ((await this.power(d)) === "paused") await this.libvirt(() => this.hv.domainResume(d));
   }
 
   async resize(id: string, shape: DomainStatus["shape"]): Promise<void> {
     const d = await this.must(id);
+    await this.settle(id, d, false);
     if ((await this.power(d)) !== "stopped") throw new RuntimeError(`resize needs ${id} stopped`, false);
     const xml = (await this.libvirt(() => this.hv.domainGetXMLDesc(d, 2))) // 2: the inactive (persistent) definition
       .replace(/<memory[^>]*>\d+<\/memory>/, `<memory unit='MiB'>${shape.memoryMib}</memory>`)
@@ -226,25 +235,98 @@ class LibvirtRuntime implements Runtime, LibvirtRuntimeExtras {
     this.owned.delete(id);
   }
 
-  /** Memory to a file; the domain is stopped afterwards. */
-  async snapshot(id: string, file: string): Promise<void> {
+  /**
+   * Save stops the domain and writes its memory; while it is off, the overlay is copied; then the domain is
+   * restored from that memory and carries on (`settle`). Files as ./snapshots.ts lays them out.
+   */
+  async snapshot(id: string, snapshotId: string): Promise<{ sizeBytes: number }> {
     const d = await this.must(id);
-    if ((await this.power(d)) === "stopped") throw new RuntimeError(`${id} is not running: no memory to save`, false);
-    await this.libvirt(() => this.hv.domainSave(d, resolve(file)));
+    const { final, partial } = snapshotPaths(this.dir(id), snapshotId);
+    await this.settle(id, d, true);
+    if (existsSync(final)) return { sizeBytes: await sizeOf(final) };
+    const power = await this.power(d);
+    if (power === "stopped") throw new RuntimeError(`${id} is not running: no memory to save`, false);
+    await rm(partial, { recursive: true, force: true });
+    await mkdir(partial, { recursive: true });
+    await markSaving(this.dir(id), { snapshotId, power });
+    try {
+      await this.libvirt(() => this.hv.domainSave(d, join(partial, "memory.save")));
+    } catch (e) {
+      // Not saved, so still as it was: nothing to finish later.
+      await clearSaving(this.dir(id));
+      throw e;
+    }
+    await this.settle(id, d, true);
+    return { sizeBytes: await sizeOf(final) };
   }
 
-  /** Back to where `snapshot` left it, running. Its disk must still stand on this host's verified base only. */
-  async restore(id: string, file: string): Promise<void> {
+  /**
+   * The snapshot's disk copied aside and checked, the domain destroyed if it runs (it is being reverted), the
+   * copy renamed over the overlay, then the saved memory restored: the guest runs on from the saved point, in
+   * the power state it was saved in. A refused disk leaves the domain as it was.
+   */
+  async restore(id: string, snapshotId: string): Promise<void> {
     const d = await this.must(id);
-    if ((await this.power(d)) !== "stopped") throw new RuntimeError(`${id} must be stopped to restore`, false);
-    // The overlay's one reference is its base in this host's verified cache; anything else is refused.
-    const info = await imageInfo(this.overlayPath(id), "qcow2");
+    const { final } = snapshotPaths(this.dir(id), snapshotId);
+    if (!existsSync(final)) throw new RuntimeError(`no snapshot ${snapshotId} of ${id} on this host`, false);
+    const power = await savedPower(final);
+    const overlay = this.overlayPath(id);
+    const tmp = `${overlay}.restore.tmp`;
+    await copyFile(join(final, "disk.qcow2"), tmp, constants.COPYFILE_FICLONE);
+    try {
+      await this.refuseForeignDisk(id, tmp);
+      if ((await this.power(d)) !== "stopped") await this.libvirt(() => this.hv.domainDestroy(d));
+      await this.settle(id, d, false);
+      await rename(tmp, overlay);
+    } finally {
+      await rm(tmp, { force: true });
+    }
+    this.disks.delete(id);
+    await this.thaw(d, join(final, "memory.save"), power);
+  }
+
+  /**
+   * A domain a snapshot saved (off): its snapshot's files completed and renamed into place, then the domain
+   * restored from its memory (`thaw`), or left off when the caller wants it off anyway. A snapshot's own last
+   * step, and the recovery of one this process died in. The guest's memory comes back even when the files
+   * cannot be completed; a save that left no memory file leaves the domain to boot afresh.
+   */
+  private async settle(id: string, d: Dom, thaw: boolean): Promise<void> {
+    const saving = await readSaving(this.dir(id));
+    if (!saving) return;
+    const { final, partial } = snapshotPaths(this.dir(id), saving.snapshotId);
+    const memory = () => [join(final, "memory.save"), join(partial, "memory.save")].find((f) => existsSync(f));
+    try {
+      if ((await this.power(d)) !== "stopped" || !memory()) return;
+      try {
+        if (!existsSync(final)) await seal(this.overlayPath(id), partial, final, saving.power);
+      } finally {
+        const saved = memory();
+        if (thaw && saved) await this.thaw(d, saved, saving.power);
+      }
+    } finally {
+      // Once only: a memory file that cannot be restored must not keep the domain from booting afresh.
+      await clearSaving(this.dir(id));
+      await rm(partial, { recursive: true, force: true });
+    }
+  }
+
+  /** Restore saved memory and end in `power`: the save file records it, but nothing in the binding says so. */
+  private async thaw(d: Dom, memory: string, power: Saving["power"]): Promise<void> {
+    await this.libvirt(() => this.hv.domainRestore(memory));
+    const now = await this.power(d);
+    if (power === "paused" && now === "running") await this.libvirt(() => this.hv.domainSuspend(d));
+    if (power === "running" && now === "paused") await this.libvirt(() => this.hv.domainResume(d));
+  }
+
+  /** An instance's disk must stand on a verified base of this host's cache, and name nothing else. */
+  private async refuseForeignDisk(id: string, disk: string): Promise<void> {
+    const info = await imageInfo(disk, "qcow2");
     const backing = info["full-backing-filename"] ?? info["backing-filename"];
-    if (!backing || dirname(resolve(dirname(this.overlayPath(id)), backing)) !== join(this.o.stateDir, "images")) {
+    if (!backing || dirname(resolve(dirname(disk), backing)) !== join(this.o.stateDir, "images")) {
       throw new RuntimeError(`the disk of ${id} stands on ${backing ?? "nothing"}, not on a verified base of this host; refused`, false);
     }
     refuseReferences({ ...info, "backing-filename": undefined, "full-backing-filename": undefined }, `the disk of ${id}`);
-    await this.libvirt(() => this.hv.domainRestore(resolve(file)));
   }
 
   async close(): Promise<void> {
