@@ -10,12 +10,15 @@ import {
   DeclareNodeGoneDocument,
   DeleteInstanceDocument,
   InstanceDocument,
+  InstanceSnapshotDocument,
   JoinNodeDocument,
   NodesDocument,
   PauseInstanceDocument,
   ReportStatusDocument,
   ResizeInstanceDocument,
+  RestoreInstanceDocument,
   SetNodeStateDocument,
+  SnapshotInstanceDocument,
   StartInstanceDocument,
   StopInstanceDocument,
 } from "../../sdk/client.ts";
@@ -84,6 +87,37 @@ describe("instances converge on simulated hosts", () => {
     const stopped = await waitForState(t.client, inst.id, "STOPPED");
     const file = JSON.parse(readFileSync(domainFile(await hostOf(stopped?.nodeId ?? null), inst.id), "utf8"));
     expect(file.state).toBe("stopped");
+  });
+});
+
+describe("snapshots through host commands", () => {
+  it("saves a running instance's memory and disk on its host and restores it, and both go with the instance", async () => {
+    const t = await hosts.h.tenant();
+    const inst = await create(t);
+    const running = await waitForState(t.client, inst.id, "RUNNING");
+    const host = await hostOf(running?.nodeId ?? null);
+    const op = hosts.h.operator;
+    const { snapshotInstance: snap } = await op.request(SnapshotInstanceDocument, { id: inst.id });
+    const snapshot = async () => (await op.request(InstanceSnapshotDocument, { id: snap.id })).instanceSnapshot;
+    await expect.poll(async () => (await snapshot())?.state, { timeout: 15_000, interval: 50 }).toBe("READY");
+    expect((await snapshot())?.sizeBytes).toBeGreaterThan(0);
+    const files = join(hosts.dirs[host] as string, "fake-host", "snapshots", inst.id, snap.id);
+    expect(existsSync(files)).toBe(true);
+    // The guest kept running through it: no stop ever reached the instance's timeline.
+    expect((await t.client.request(InstanceDocument, { id: inst.id })).instance?.state).toBe("RUNNING");
+
+    await op.request(RestoreInstanceDocument, { id: inst.id, snapshotId: snap.id });
+    const reasons = async () =>
+      (await hosts.h.platform.db.prisma.instanceEvent.findMany({ where: { instanceId: inst.id }, orderBy: { version: "asc" } })).map((e) => e.reason);
+    await expect.poll(reasons, { timeout: 15_000, interval: 50 }).toContain("restored");
+    expect((await reasons()).filter((r) => r.startsWith("host:"))).not.toContain("host:powered-off");
+    await waitForState(t.client, inst.id, "RUNNING");
+
+    await t.client.request(DeleteInstanceDocument, { id: inst.id });
+    await waitForState(t.client, inst.id, "DELETED");
+    await expect.poll(async () => (await snapshot())?.state, { timeout: 15_000, interval: 50 }).toBe("DELETED");
+    expect(existsSync(files)).toBe(false);
+    expect(await invariantViolations(hosts.h.platform)).toEqual([]);
   });
 });
 
