@@ -7,6 +7,9 @@ import type { Logger } from "../infra/log.ts";
 type GraphQLErrorLike = Error & { originalError?: unknown; path?: readonly (string | number)[]; extensions?: Record<string, unknown> };
 const isGraphQLErrorLike = (e: unknown): e is GraphQLErrorLike => e instanceof Error && "extensions" in e && "path" in e;
 
+/** SQLSTATEs of values the database refuses to store: bad characters, numbers out of range, untranslatable text. */
+const UNSTORABLE = new Set(["22021", "22P05", "22003", "22P02"]);
+
 /**
  * Turn what a resolver threw into what a client may see: an AppError keeps its code and details; a unique
  * key violation is a CONFLICT; anything else is logged with the request id and returned as INTERNAL.
@@ -22,8 +25,14 @@ export function toClientError(error: unknown, log: Logger, requestId: string): G
   }
   // graphql's own errors outside any resolver (variable coercion: an unknown enum value, a missing field).
   if (isGraphQLErrorLike(original) && !path) return asInvalidInput(original);
+  const sqlState = (original as { code?: unknown })?.code;
   // A unique key another request took between our check and our insert.
-  if ((original as { code?: unknown })?.code === "23505") return new GraphQLError("already exists", { path, extensions: { code: "CONFLICT" } });
+  if (sqlState === "23505") return new GraphQLError("already exists", { path, extensions: { code: "CONFLICT" } });
+  // A value the database cannot hold (a NUL character in text, a number out of range): the caller's input,
+  // refused by the database before anything was written.
+  if (typeof sqlState === "string" && UNSTORABLE.has(sqlState)) {
+    return new GraphQLError(`a value in the request cannot be stored: ${(original as Error).message}`, { path, extensions: { code: "INVALID_INPUT" } });
+  }
   if (original instanceof Error && original.name === "IllegalTransition") {
     return new GraphQLError(original.message, { path, extensions: { code: "PRECONDITION_FAILED" } });
   }
