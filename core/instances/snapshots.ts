@@ -1,5 +1,5 @@
 import { AppError, notFound } from "../../contracts/errors.ts";
-import { snapshotResult } from "../../contracts/host.ts";
+import { type HostCommandKind, snapshotResult } from "../../contracts/host.ts";
 import type { Principal } from "../auth/principal.ts";
 import { one, type Sql } from "../kernel/db.ts";
 import type { Write } from "../kernel/write.ts";
@@ -66,14 +66,7 @@ export async function snapshotInstance(w: Write, who: Principal, id: string, dep
     `INSERT INTO instance_snapshots (id, instance_id, tenant_id, node_id, created_at) VALUES ($1, $2, $3, $4, $5) RETURNING ${COLUMNS}`,
     [snapshotId, inst.id, inst.tenantId, inst.nodeId, w.now],
   );
-  const cmd = await enqueueCommand(w, {
-    nodeId: inst.nodeId,
-    instanceId: inst.id,
-    kind: "instance.snapshot",
-    args: { instanceId: inst.id, snapshotId },
-    timeoutMs: deps.timeoutMs,
-  });
-  await writeChange(w, inst, {}, "requested:snapshot");
+  const cmd = await request(w, inst, "instance.snapshot", snapshotId, deps);
   w.audit({ targetId: snapshotId, tenantId: inst.tenantId, details: { instanceId: inst.id, nodeId: inst.nodeId, command: cmd.id } });
   return snap as Snapshot;
 }
@@ -87,15 +80,16 @@ export async function restoreInstance(w: Write, who: Principal, id: string, snap
   if (snap.nodeId !== inst.nodeId)
     throw new AppError("PRECONDITION_FAILED", `snapshot ${snapshotId} is on node ${snap.nodeId}; instance ${id} now runs on ${inst.nodeId}`);
   await requireIdle(w, inst, "a restore");
-  const cmd = await enqueueCommand(w, {
-    nodeId: inst.nodeId,
-    instanceId: inst.id,
-    kind: "instance.restore",
-    args: { instanceId: inst.id, snapshotId },
-    timeoutMs: deps.timeoutMs,
-  });
+  const cmd = await request(w, inst, "instance.restore", snapshotId, deps);
   w.audit({ targetId: inst.id, tenantId: inst.tenantId, details: { snapshotId, command: cmd.id } });
-  return writeChange(w, inst, {}, "requested:restore");
+  return cmd.instance;
+}
+
+/** The host command for the instance's node, and the instance event that says it was asked for. */
+async function request(w: Write, inst: Instance & { nodeId: string }, kind: HostCommandKind, snapshotId: string, deps: CommandDeps) {
+  const cmd = await enqueueCommand(w, { nodeId: inst.nodeId, instanceId: inst.id, kind, args: { instanceId: inst.id, snapshotId }, timeoutMs: deps.timeoutMs });
+  const instance = await writeChange(w, inst, {}, `requested:${kind === "instance.snapshot" ? "snapshot" : "restore"}`);
+  return { id: cmd.id, instance };
 }
 
 /**
