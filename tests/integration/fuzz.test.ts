@@ -67,15 +67,15 @@ const madeUpId = fc.oneof(
   fc.string({ maxLength: 40 }),
 );
 
-function valueOf(type: GraphQLInputType, depth = 0): fc.Arbitrary<unknown> {
-  if (isNonNullType(type)) return valueOf(type.ofType, depth);
+function arbitraryFor(type: GraphQLInputType, depth = 0): fc.Arbitrary<unknown> {
+  if (isNonNullType(type)) return arbitraryFor(type.ofType, depth);
   const nullable = (a: fc.Arbitrary<unknown>) => fc.oneof({ weight: 5, arbitrary: a }, { weight: 1, arbitrary: fc.constant(null) });
-  if (isListType(type)) return nullable(fc.array(valueOf(type.ofType, depth + 1), { maxLength: depth > 1 ? 1 : 3 }));
+  if (isListType(type)) return nullable(fc.array(arbitraryFor(type.ofType, depth + 1), { maxLength: depth > 1 ? 1 : 3 }));
   if (isEnumType(type)) return nullable(fc.constantFrom(...type.getValues().map((v) => v.name)));
   if (isInputObjectType(type)) {
     const fields = Object.values(type.getFields());
     return nullable(
-      fc.record(Object.fromEntries(fields.map((f) => [f.name, valueOf(f.type, depth + 1)])), {
+      fc.record(Object.fromEntries(fields.map((f) => [f.name, arbitraryFor(f.type, depth + 1)])), {
         requiredKeys: fields.filter((f) => isNonNullType(f.type)).map((f) => f.name),
       }),
     );
@@ -123,7 +123,7 @@ describe("every operation under hostile input", () => {
   for (const { kind, field } of [...fields("query"), ...fields("mutation")]) {
     it(`${kind} ${field.name} answers with a success or a typed error`, async () => {
       const doc = parse(operation(kind, field));
-      const vars = fc.record(Object.fromEntries(field.args.map((a) => [a.name, valueOf(a.type)])));
+      const vars = fc.record(Object.fromEntries(field.args.map((a) => [a.name, arbitraryFor(a.type)])));
       await fc.assert(
         fc.asyncProperty(fc.constantFrom(...callers), vars, async (caller, variables) => {
           try {
