@@ -1,5 +1,6 @@
 import { ensureOperatorIdentity, newOperatorToken } from "../core/auth/tokens.ts";
 import { type ImageResolver, tableImages } from "../core/catalog/images.ts";
+import { type Clock, systemClock } from "../core/kernel/clock.ts";
 import type { Sql } from "../core/kernel/db.ts";
 import { type IdSource, randomIds } from "../core/kernel/ids.ts";
 import { newSealKey, type Sealer, sealer } from "../core/kernel/seal.ts";
@@ -22,7 +23,7 @@ export interface Platform {
   sealer: Sealer;
   images: ImageResolver;
   ids: IdSource;
-  now: () => Date;
+  now: Clock;
   log: Logger;
   operatorToken: string | undefined;
   /** What pool drivers need of the deployment. */
@@ -42,7 +43,7 @@ export interface PlatformOptions {
   /** The embedded quick start may invent and keep its operator token and sealing key under the data dir. */
   embedded?: boolean;
   ids?: IdSource;
-  now?: () => Date;
+  now?: Clock;
   /** Tests hand in a database they made (a clone of a migrated template). */
   db?: Database;
 }
@@ -68,7 +69,7 @@ export async function openPlatform(config: Config, opts: PlatformOptions = {}): 
   const bus = await openBus({ redisUrl: config.redisUrl, prefix: config.redisPrefix });
   const jobs = config.redisUrl ? bullJobs({ redisUrl: config.redisUrl, prefix: config.redisPrefix }) : memoryJobs();
   const ids = opts.ids ?? randomIds;
-  const now = opts.now ?? (() => new Date());
+  const now = opts.now ?? systemClock;
   const images = config.vps.images ?? tableImages;
 
   /** Publishing and waking are hints: a failure here delays convergence (the sweep re-finds it), never loses state. */
