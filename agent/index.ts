@@ -71,7 +71,6 @@ export async function startAgent(opts: AgentOptions) {
   let latest: NodeSpec | null = null;
   let converged = 0;
   let running: Promise<void> | null = null;
-  let inPass = false;
   let wantPass = false;
   let wantReport = false;
   let closed = false;
@@ -109,7 +108,6 @@ export async function startAgent(opts: AgentOptions) {
       wantPass = false;
       wantReport = false;
       if (spec) {
-        inPass = true;
         try {
           // Instances a command held were skipped; the command's release asks for another pass. The
           // generation still counts as applied: every other instance has it, and held ones report as pinned.
@@ -117,8 +115,6 @@ export async function startAgent(opts: AgentOptions) {
           converged = spec.generation;
         } catch (e) {
           log("converge failed", { err: String(e) });
-        } finally {
-          inPass = false;
         }
       }
       await report();
@@ -138,11 +134,12 @@ export async function startAgent(opts: AgentOptions) {
   const pruning = setInterval(() => void commands.prune().catch((e) => log("pruning command journals failed", { err: String(e) })), 60 * 60 * 1000);
   pruning.unref();
 
-  // The heartbeat reports, and re-runs a pass if the newest spec is somehow not applied yet. A pass can take
-  // minutes (an image download): meanwhile it sends the last whole report again, so the server still hears
-  // from the host without ever seeing a pass half applied.
+  // The heartbeat reports, and re-runs a pass if the newest spec is somehow not applied yet. Liveness never
+  // waits on the runtime: while the loop is busy (a pass that downloads an image, a report whose hypervisor
+  // calls are slow during a save), the last whole report goes again, so the server still hears from the host
+  // without ever seeing a pass half applied.
   const heartbeat = setInterval(() => {
-    if (!inPass) schedule(latest && latest.generation > converged ? "pass" : "report");
+    if (!running) schedule(latest && latest.generation > converged ? "pass" : "report");
     else if (last && queued === 0) void send(last);
   }, opts.heartbeatMs ?? 5000);
   let giveUp: (why: string) => void = () => {};

@@ -38,7 +38,8 @@ beforeAll(async () => {
     hosts: 1,
     runtime: "libvirt-kvm",
     agentArgs: ["--kernel", guest.kernel, "--initrd", guest.initrd, "--cmdline", guest.cmdline, "--shutdown-timeout-ms", "1500"],
-    env: { VPS_HOST_NETWORK: bridge.name, VPS_RUNTIMES: "libvirt-kvm" },
+    // A real hypervisor under emulation on a busy machine: a host is called lost after 10 s of silence, not 1.5.
+    env: { VPS_HOST_NETWORK: bridge.name, VPS_RUNTIMES: "libvirt-kvm", NODE_LOST_GRACE_MS: "10000" },
   });
   const backed = join(c.root, "backed.qcow2");
   await sh("qemu-img", ["create", "-q", "-f", "qcow2", "-F", "qcow2", "-b", guest.base, backed, "1G"]);
