@@ -1,6 +1,6 @@
 import { existsSync, mkdirSync, readFileSync, renameSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
-import { type CommandReport, type NodeSpec, nodeSpec, type StatusReport } from "../contracts/host.ts";
+import { type NodeSpec, nodeSpec, type StatusReport } from "../contracts/host.ts";
 import {
   createClient,
   createWsClient,
@@ -26,8 +26,6 @@ export interface AgentOptions {
   runtime: Runtime;
   heartbeatMs?: number;
   log?: (msg: string, fields?: Record<string, unknown>) => void;
-  /** How host command reports reach the server (resolving: the server has it). Default: the reportCommand mutation. */
-  sendCommandReport?: (report: CommandReport) => Promise<void>;
 }
 
 interface Identity {
@@ -41,7 +39,7 @@ const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
  * A host agent: joins once, then subscribes to its node's spec, converges the runtime to the newest spec it
  * has (one pass at a time; a spec arriving mid-pass triggers another), reports after each pass and as a
  * heartbeat, and survives server restarts by reconnecting and taking the spec the server sends first. Host
- * commands (`receiveCommand`) run beside the passes, each holding its instance's lock (./locks.ts).
+ * commands run beside the passes, each holding its instance's lock (./locks.ts).
  */
 export async function startAgent(opts: AgentOptions) {
   const log = opts.log ?? (() => {});
@@ -54,19 +52,17 @@ export async function startAgent(opts: AgentOptions) {
     runtime: opts.runtime,
     locks,
     log,
-    send:
-      opts.sendCommandReport ??
-      (async (report) => {
-        try {
-          await http.request(ReportCommandDocument, { report });
-        } catch (e) {
-          // The server's final word on the report (it knows no such command of this node, or refuses the
-          // report's shape): sending it again would get the same answer forever.
-          if (e instanceof SdkError && (e.code === "NOT_FOUND" || e.code === "INVALID_INPUT"))
-            return log("command report refused", { id: report.id, err: String(e) });
-          throw e;
-        }
-      }),
+    send: async (report) => {
+      try {
+        await http.request(ReportCommandDocument, { report });
+      } catch (e) {
+        // The server's final word on the report (it knows no such command of this node, or refuses the
+        // report's shape): sending it again would get the same answer forever.
+        if (e instanceof SdkError && (e.code === "NOT_FOUND" || e.code === "INVALID_INPUT"))
+          return log("command report refused", { id: report.id, err: String(e) });
+        throw e;
+      }
+    },
   });
   let latest: NodeSpec | null = null;
   let converged = 0;
@@ -202,11 +198,6 @@ export async function startAgent(opts: AgentOptions) {
     converged: () => converged,
     /** Settles, with the reason, if the agent gives up for good (its credential was refused). */
     ended,
-    /**
-     * Hand a host command to the agent as the nodeCommands stream does (validated here as contracts/host.ts
-     * `hostCommand`). Settles when it has run or been refused; its reports go through `sendCommandReport`.
-     */
-    receiveCommand: (cmd: unknown) => commands.receive(cmd),
     async close() {
       closed = true;
       clearInterval(heartbeat);

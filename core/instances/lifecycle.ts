@@ -6,11 +6,11 @@ import { parseInput } from "../kernel/validation.ts";
 import type { Write } from "../kernel/write.ts";
 import type { Pool } from "../pools/driver.ts";
 import { getPool } from "../pools/pools.ts";
-import { driverFor, requireCapability } from "../pools/registry.ts";
+import { requireCapability } from "../pools/registry.ts";
 import { chargeQuota, releaseQuota } from "../tenancy/quota.ts";
-import { lockInstance, markDeleted, writeChange } from "./changes.ts";
+import { lockInstance, writeChange } from "./changes.ts";
 import type { Instance } from "./model.ts";
-import type { DesiredState, InstanceState } from "./state.ts";
+import type { DesiredState } from "./state.ts";
 
 /**
  * What owners ask of an existing instance. Requests only record intent (desiredState) and wake the reconciler;
@@ -73,13 +73,4 @@ export async function resizeInstance(w: Write, who: Principal, id: string, flavo
     { ...moved, state: "resizing", flavor: flavor.name, vcpus: next.vcpus, memory_mib: next.memoryMib, disk_gib: next.diskGib, gpus: next.gpus, charge },
     "requested:resize",
   );
-}
-
-/**
- * Move a locked instance's `state` one step, as a reconciler would. Reaching `deleted` gives back what it
- * held through its pool's driver, and its quota charge.
- */
-export async function transition(w: Write, inst: Instance, to: InstanceState, reason: string): Promise<Instance> {
-  if (to !== "deleted") return writeChange(w, inst, { state: to }, reason);
-  return markDeleted(w, inst, reason, await driverFor((await poolOf(w, inst)).class).release(w, inst));
 }

@@ -77,7 +77,7 @@ export class Write {
   /** What this mutation changed: the subject of its one audit row. Writes that are not mutations keep none. */
   audit(subject: AuditSubject): void {
     if (!this.opts.action) return;
-    if (this.subject) throw new Error(`${this.opts.action ?? "a write"} named two audit subjects (${this.subject.targetId}, ${subject.targetId})`);
+    if (this.subject) throw new Error(`${this.opts.action} named two audit subjects (${this.subject.targetId}, ${subject.targetId})`);
     this.subject = subject;
   }
 
