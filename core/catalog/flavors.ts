@@ -3,7 +3,7 @@ import { AppError, notFound } from "../../contracts/errors.ts";
 import { one, type Sql } from "../kernel/db.ts";
 import { parseInput } from "../kernel/validation.ts";
 import type { Write } from "../kernel/write.ts";
-import { getPool } from "../pools/pools.ts";
+import { requirePool } from "../pools/pools.ts";
 import { driverFor } from "../pools/registry.ts";
 import { type GpuClaim, shape } from "./shapes.ts";
 
@@ -39,8 +39,7 @@ export async function createFlavor(
   const { poolId, name, ...rest } = raw;
   const validName = parseInput(flavorName, name, "input.name");
   const s = parseInput(shape, { ...rest, gpus: rest.gpus ?? [] });
-  const pool = await getPool(w.sql, poolId);
-  if (!pool) throw notFound("pool", poolId);
+  const pool = await requirePool(w.sql, poolId);
   driverFor(pool.class).checkFlavor(s);
   if (await one(w.sql, `SELECT 1 FROM flavors WHERE pool_id = $1 AND name = $2`, [poolId, validName]))
     throw new AppError("CONFLICT", `flavor ${validName} exists in pool ${pool.name}`);
@@ -61,14 +60,14 @@ export async function updateFlavor(
 ): Promise<Flavor> {
   const flavor = await one<Flavor>(w.sql, `SELECT ${COLUMNS} FROM flavors WHERE id = $1 FOR UPDATE`, [id]);
   if (!flavor) throw notFound("flavor", id);
-  const pool = await getPool(w.sql, flavor.poolId);
+  const pool = await requirePool(w.sql, flavor.poolId);
   const s = parseInput(shape, {
     vcpus: raw.vcpus ?? flavor.vcpus,
     memoryMib: raw.memoryMib ?? flavor.memoryMib,
     diskGib: raw.diskGib ?? flavor.diskGib,
     gpus: raw.gpus ?? flavor.gpus,
   });
-  if (pool) driverFor(pool.class).checkFlavor(s);
+  driverFor(pool.class).checkFlavor(s);
   const [updated] = await w.sql.query<Flavor>(
     `UPDATE flavors SET vcpus = $2, memory_mib = $3, disk_gib = $4, gpus = $5::jsonb, updated_at = $6 WHERE id = $1 RETURNING ${COLUMNS}`,
     [id, s.vcpus, s.memoryMib, s.diskGib, JSON.stringify(s.gpus), w.now],

@@ -4,8 +4,7 @@ import { flavorByName } from "../catalog/flavors.ts";
 import { chargeOf, gpuCount, type Shape, shape as shapeSchema } from "../catalog/shapes.ts";
 import { parseInput } from "../kernel/validation.ts";
 import type { Write } from "../kernel/write.ts";
-import type { Pool } from "../pools/driver.ts";
-import { getPool } from "../pools/pools.ts";
+import { requirePool } from "../pools/pools.ts";
 import { requireCapability } from "../pools/registry.ts";
 import { chargeQuota, releaseQuota } from "../tenancy/quota.ts";
 import { lockInstance, writeChange } from "./changes.ts";
@@ -18,13 +17,6 @@ import type { DesiredState } from "./state.ts";
  * everything as it was.
  */
 
-/** The pool of a locked instance (it exists: instances reference their pool). */
-async function poolOf(w: Write, inst: Instance): Promise<Pool> {
-  const pool = await getPool(w.sql, inst.poolId);
-  if (!pool) throw notFound("pool", inst.poolId);
-  return pool;
-}
-
 /** start / stop / pause / delete. Asking again for what is already asked changes nothing. */
 export async function setDesiredState(w: Write, who: Principal, id: string, desired: DesiredState): Promise<Instance> {
   const inst = await lockInstance(w, who, id);
@@ -34,7 +26,7 @@ export async function setDesiredState(w: Write, who: Principal, id: string, desi
   }
   if (inst.desiredState === "deleted") throw new AppError("PRECONDITION_FAILED", `instance ${id} is being deleted`, { state: inst.state });
   // Pausing keeps the guest's memory on a host of ours; not every pool class has such a verb.
-  if (desired === "paused") requireCapability(await poolOf(w, inst), "pause", "pausing an instance");
+  if (desired === "paused") requireCapability(await requirePool(w.sql, inst.poolId), "pause", "pausing an instance");
   w.audit({ targetId: inst.id, tenantId: inst.tenantId, details: { desired } });
   return writeChange(w, inst, { desired_state: desired }, `requested:${desired}`);
 }
@@ -45,7 +37,7 @@ export async function setDesiredState(w: Write, who: Principal, id: string, desi
  */
 export async function resizeInstance(w: Write, who: Principal, id: string, flavorName: string): Promise<Instance> {
   const inst = await lockInstance(w, who, id);
-  const pool = await poolOf(w, inst);
+  const pool = await requirePool(w.sql, inst.poolId);
   const driver = requireCapability(pool, "resize", "resizing an instance");
   if (inst.state !== "stopped" || inst.desiredState !== "stopped") {
     throw new AppError("PRECONDITION_FAILED", `resize needs a stopped instance; ${id} is ${inst.state} (desired ${inst.desiredState})`, { state: inst.state });

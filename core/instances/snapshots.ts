@@ -4,7 +4,7 @@ import type { Principal } from "../auth/principal.ts";
 import { one, type Sql } from "../kernel/db.ts";
 import type { Write } from "../kernel/write.ts";
 import { enqueueCommand, FINAL_STATES, type HostCommandRow, settleCommand, unsettledCommands } from "../pools/hosted/commands.ts";
-import { getPool } from "../pools/pools.ts";
+import { requirePool } from "../pools/pools.ts";
 import { requireCapability } from "../pools/registry.ts";
 import { lockInstance, writeChange } from "./changes.ts";
 import type { Instance } from "./model.ts";
@@ -40,9 +40,7 @@ export interface CommandDeps {
 /** An instance that can take a snapshot or restore now: on a host of ours that is there, running or paused. */
 async function lockForCommand(w: Write, who: Principal, id: string, what: string): Promise<Instance & { nodeId: string }> {
   const inst = await lockInstance(w, who, id);
-  const pool = await getPool(w.sql, inst.poolId);
-  if (!pool) throw notFound("pool", inst.poolId);
-  requireCapability(pool, "snapshot", what);
+  requireCapability(await requirePool(w.sql, inst.poolId), "snapshot", what);
   if (!["running", "paused"].includes(inst.state) || !["running", "paused"].includes(inst.desiredState) || !inst.nodeId)
     throw new AppError("PRECONDITION_FAILED", `${what} needs a running or paused instance; ${id} is ${inst.state} (desired ${inst.desiredState})`, {
       state: inst.state,

@@ -1,5 +1,5 @@
 import { z } from "zod";
-import { AppError } from "../../contracts/errors.ts";
+import { AppError, notFound } from "../../contracts/errors.ts";
 import { one, type Sql } from "../kernel/db.ts";
 import { parseInput } from "../kernel/validation.ts";
 import type { Write } from "../kernel/write.ts";
@@ -54,6 +54,13 @@ export async function listPools(sql: Sql): Promise<Pool[]> {
 
 export async function getPool(sql: Sql, id: string): Promise<Pool | undefined> {
   return one<Pool>(sql, `SELECT ${POOL_COLUMNS} FROM pools WHERE id = $1`, [id]);
+}
+
+/** A pool the caller names or an instance belongs to: NOT_FOUND when there is none. */
+export async function requirePool(sql: Sql, id: string): Promise<Pool> {
+  const pool = await getPool(sql, id);
+  if (!pool) throw notFound("pool", id);
+  return pool;
 }
 
 /** A hosted pool's range and how much of it is leased; null for pools without one. */

@@ -1,8 +1,8 @@
 import { randomBytes } from "node:crypto";
-import { AppError, notFound } from "../../../contracts/errors.ts";
+import { AppError } from "../../../contracts/errors.ts";
 import { sha256Hex } from "../../kernel/ids.ts";
 import type { Write } from "../../kernel/write.ts";
-import { getPool } from "../pools.ts";
+import { requirePool } from "../pools.ts";
 import { requireCapability } from "../registry.ts";
 
 /**
@@ -11,9 +11,7 @@ import { requireCapability } from "../registry.ts";
  */
 
 export async function createJoinToken(w: Write, poolId: string, ttlSeconds: number) {
-  const pool = await getPool(w.sql, poolId);
-  if (!pool) throw notFound("pool", poolId);
-  requireCapability(pool, "hosts", "joining a host");
+  requireCapability(await requirePool(w.sql, poolId), "hosts", "joining a host");
   const token = `bcj_${randomBytes(24).toString("base64url")}`;
   const expiresAt = new Date(w.now.getTime() + ttlSeconds * 1000);
   const id = w.ids("join");

@@ -4,7 +4,7 @@ import { gpuClaim } from "../../catalog/shapes.ts";
 import { one, type Sql } from "../../kernel/db.ts";
 import { parseInput } from "../../kernel/validation.ts";
 import type { Write } from "../../kernel/write.ts";
-import { getPool } from "../pools.ts";
+import { requirePool } from "../pools.ts";
 import { requireCapability } from "../registry.ts";
 
 /** A host of a hosted pool, as operators see it. Capacity and allocation are counters so placement is one guarded UPDATE. */
@@ -77,8 +77,7 @@ export type CapacityInput = z.input<typeof capacityInput>;
 /** A node made by hand (no agent yet): its capacity is what the operator says until its agent reports. */
 export async function createNode(w: Write, raw: { poolId: string; name: string; capacity: CapacityInput }): Promise<Node> {
   const input = parseInput(z.object({ poolId: z.string(), name: nodeName, capacity: capacityInput }), raw);
-  const pool = await getPool(w.sql, input.poolId);
-  if (!pool) throw notFound("pool", input.poolId);
+  const pool = await requirePool(w.sql, input.poolId);
   requireCapability(pool, "hosts", "adding a node");
   if (await one(w.sql, `SELECT 1 FROM nodes WHERE pool_id = $1 AND name = $2`, [pool.id, input.name]))
     throw new AppError("CONFLICT", `node ${input.name} exists in pool ${pool.name}`);
