@@ -8,13 +8,12 @@
  * of a bare Node process that does nothing (this machine's floor) and the goal (≤ 100 MiB compiled).
  */
 import { type ChildProcess, execFileSync, spawn } from "node:child_process";
-import { mkdtempSync, readFileSync, rmSync } from "node:fs";
+import { mkdtempSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
-import { benchArgs } from "./lib.ts";
+import { benchArgs, rssOf } from "./lib.ts";
 
 const args = benchArgs({ compiled: 1, "settle-ms": 3000 });
-const rssOf = (pid: number) => Number(/VmRSS:\s+(\d+) kB/.exec(readFileSync(`/proc/${pid}/status`, "utf8"))?.[1] ?? 0) * 1024;
 const mib = (b: number) => (b / 2 ** 20).toFixed(1);
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
 

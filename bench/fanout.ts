@@ -16,7 +16,7 @@ import { createClient as createGraphqlWs } from "graphql-ws";
 import { WebSocket } from "ws";
 import { setDesiredState } from "../core/instances/lifecycle.ts";
 import { hostedFixture } from "./fixture.ts";
-import { benchArgs, benchPlatform, percentile } from "./lib.ts";
+import { benchArgs, benchPlatform, percentile, rssOf } from "./lib.ts";
 
 const args = benchArgs({ subscribers: 1000, rate: 20, seconds: 15, instances: 20, compiled: 1 });
 const QUERY = "subscription($poolId: ID) { instanceEvents(poolId: $poolId) { cursor toState desiredState version at instance { id state } } }";
@@ -26,7 +26,6 @@ const cpuOf = (pid: number) => {
   const f = readFileSync(`/proc/${pid}/stat`, "utf8").split(") ")[1]?.split(" ") ?? [];
   return (Number(f[11]) + Number(f[12])) / 100;
 };
-const rssOf = (pid: number) => Number(/VmRSS:\s+(\d+) kB/.exec(readFileSync(`/proc/${pid}/status`, "utf8"))?.[1] ?? 0) * 1024;
 const mib = (b: number) => `${(b / 2 ** 20).toFixed(0)} MiB`;
 
 function redisPublishRps(): number {

@@ -1,6 +1,6 @@
 import { execFileSync } from "node:child_process";
 import { randomBytes } from "node:crypto";
-import { mkdtempSync, rmSync, writeFileSync } from "node:fs";
+import { mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { parseArgs } from "node:util";
@@ -57,6 +57,9 @@ export function benchArgs<K extends string>(defaults: Record<K, number>): Record
   const { values } = parseArgs({ options: Object.fromEntries(Object.keys(defaults).map((k) => [k, { type: "string" as const }])), allowPositionals: false });
   return Object.fromEntries(Object.entries<number>(defaults).map(([k, v]) => [k, values[k] === undefined ? v : Number(values[k])])) as Record<K, number>;
 }
+
+/** A process's resident memory in bytes, from /proc. */
+export const rssOf = (pid: number) => Number(/VmRSS:\s+(\d+) kB/.exec(readFileSync(`/proc/${pid}/status`, "utf8"))?.[1] ?? 0) * 1024;
 
 export function percentile(sorted: number[], p: number): number {
   if (!sorted.length) return Number.NaN;

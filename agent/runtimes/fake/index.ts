@@ -1,8 +1,9 @@
 import { existsSync, mkdirSync, readFileSync, renameSync, rmSync, writeFileSync } from "node:fs";
-import { copyFile, mkdir, readdir, readFile, rename, rm, stat, writeFile } from "node:fs/promises";
+import { copyFile, mkdir, readdir, readFile, rename, rm, writeFile } from "node:fs/promises";
 import { join } from "node:path";
 import { setTimeout as sleep } from "node:timers/promises";
 import type { Capacity } from "../../../contracts/host.ts";
+import { bytesIn } from "../files.ts";
 import { type DomainStatus, type Runtime, RuntimeError } from "../runtime.ts";
 import { renderSeed } from "../seed.ts";
 
@@ -193,12 +194,6 @@ export function createFakeRuntime(opts: FakeOptions): Runtime {
     await rename(partial, final);
   }
 
-  async function sizeOf(snapshotDir: string): Promise<number> {
-    let total = 0;
-    for (const f of await readdir(snapshotDir)) total += (await stat(join(snapshotDir, f))).size;
-    return total;
-  }
-
   /**
    * A domain saved by a snapshot: finish the snapshot's files, then bring the domain back as it was (`thaw`)
    * or leave it off (a stop wanted it off anyway). A snapshot's own last step, and the recovery of one the
@@ -308,14 +303,14 @@ export function createFakeRuntime(opts: FakeOptions): Runtime {
       op("snapshot", id, async () => {
         const final = paths.snapshot(id, snapshotId);
         const d = await settle(await load(id), true);
-        if (existsSync(final)) return { sizeBytes: await sizeOf(final) };
+        if (existsSync(final)) return { sizeBytes: await bytesIn(final) };
         if (d.state === "stopped") throw new RuntimeError(`Requested operation is not valid: domain '${id}' is not running: no memory to save`, false);
         // Off while saved, as under libvirt: a status read meanwhile sees it stopped.
         const saving: DomainRecord = { ...d, state: "stopped", saving: { snapshotId, power: d.state } };
         await save(saving);
         await delay("snapshot");
         await settle(saving, true);
-        return { sizeBytes: await sizeOf(final) };
+        return { sizeBytes: await bytesIn(final) };
       }),
 
     restore: (id, snapshotId) =>

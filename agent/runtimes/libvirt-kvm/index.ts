@@ -4,13 +4,14 @@ import { copyFile, mkdir, mkdtemp, readFile, rename, rm, writeFile } from "node:
 import { dirname, join, resolve } from "node:path";
 import { setTimeout as sleep } from "node:timers/promises";
 import type { Capacity, InstanceSpec } from "../../../contracts/host.ts";
+import { bytesIn } from "../files.ts";
 import { type DomainStatus, type Runtime, RuntimeError } from "../runtime.ts";
 import { renderSeed } from "../seed.ts";
 import { type DirectBoot, type DomainType, domainXml, ownedBy } from "./domain-xml.ts";
 import { run } from "./exec.ts";
 import { detectDomainType, diskGib } from "./host.ts";
 import { ImageCache, imageInfo, refuseReferences } from "./images.ts";
-import { clearSaving, markSaving, readSaving, type Saving, savedPower, seal, sizeOf, snapshotPaths } from "./snapshots.ts";
+import { clearSaving, markSaving, readSaving, type Saving, savedPower, seal, snapshotPaths } from "./snapshots.ts";
 
 /**
  * The `libvirt-kvm` runtime: real virtual machines through libvirt and QEMU, over the Node bindings
@@ -243,7 +244,7 @@ class LibvirtRuntime implements Runtime, LibvirtRuntimeExtras {
     const d = await this.must(id);
     const { final, partial } = snapshotPaths(this.dir(id), snapshotId);
     await this.settle(id, d, true);
-    if (existsSync(final)) return { sizeBytes: await sizeOf(final) };
+    if (existsSync(final)) return { sizeBytes: await bytesIn(final) };
     const power = await this.power(d);
     if (power === "stopped") throw new RuntimeError(`${id} is not running: no memory to save`, false);
     await rm(partial, { recursive: true, force: true });
@@ -257,7 +258,7 @@ class LibvirtRuntime implements Runtime, LibvirtRuntimeExtras {
       throw e;
     }
     await this.settle(id, d, true);
-    return { sizeBytes: await sizeOf(final) };
+    return { sizeBytes: await bytesIn(final) };
   }
 
   /**

@@ -1,5 +1,5 @@
 import { constants } from "node:fs";
-import { copyFile, open, readdir, readFile, rename, rm, stat, writeFile } from "node:fs/promises";
+import { copyFile, open, readdir, readFile, rename, rm, writeFile } from "node:fs/promises";
 import { dirname, join } from "node:path";
 import { RuntimeError } from "../runtime.ts";
 
@@ -60,13 +60,6 @@ export async function savedPower(final: string): Promise<Saving["power"]> {
   const power = (await readFile(join(final, "power"), "utf8")).trim();
   if (power !== "running" && power !== "paused") throw new RuntimeError(`${final}: power '${power}' is neither running nor paused`, false);
   return power;
-}
-
-/** Bytes of the snapshot's files. */
-export async function sizeOf(final: string): Promise<number> {
-  let total = 0;
-  for (const f of await readdir(final)) total += (await stat(join(final, f))).size;
-  return total;
 }
 
 async function fsync(path: string): Promise<void> {
