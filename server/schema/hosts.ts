@@ -1,4 +1,5 @@
 import { z } from "zod";
+import type { Channels } from "../../contracts/channels.ts";
 import { commandReport, statusReport } from "../../contracts/host.ts";
 import { requireNode, requireOperator } from "../../core/auth/principal.ts";
 import { parseInput } from "../../core/kernel/validation.ts";
@@ -102,15 +103,22 @@ const SPEC_COALESCE_MS = 25;
 
 /**
  * Follow a node-keyed bus channel: yields `read()`'s result at once (so a reconnecting agent resumes from the
- * latest) and again whenever a message arrives. The bus is read from the start, before the first read: a
+ * latest) and again whenever a message brings news (`news`: by default every message). The bus is read from the start, before the first read: a
  * subscription only becomes live once something pulls from it, and a change in that gap would be lost. In a
  * burst (a read less than SPEC_COALESCE_MS ago) the rest of the burst lands first and becomes one read.
  */
-async function* follow<T>(ctx: Context, channel: "nodeSpecs" | "hostCommands", nodeId: string, read: () => Promise<T>): AsyncGenerator<T> {
+async function* follow<T, C extends "nodeSpecs" | "hostCommands">(
+  ctx: Context,
+  channel: C,
+  nodeId: string,
+  read: () => Promise<T>,
+  news: (m: Channels[C]) => boolean = () => true,
+): AsyncGenerator<T> {
   const changes = ctx.platform.bus.subscribe(channel, nodeId);
   const seen = { dirty: false, ended: false, wake: null as (() => void) | null };
   const pump = (async () => {
-    for await (const _ of changes) {
+    for await (const m of changes) {
+      if (!news(m)) continue;
       seen.dirty = true;
       seen.wake?.();
     }
@@ -146,7 +154,8 @@ async function* specStream(ctx: Context, nodeId: string) {
   const { platform } = ctx;
   let last = -1;
   const read = () => platform.read((sql) => buildNodeSpec(sql, platform.sealer, platform.config.vps.hostNetwork, nodeId));
-  for await (const spec of follow(ctx, "nodeSpecs", nodeId, read)) {
+  // A generation already sent (the sweep announces unacknowledged ones again) needs no read.
+  for await (const spec of follow(ctx, "nodeSpecs", nodeId, read, (m) => m.generation > last)) {
     if (spec.generation <= last) continue;
     last = spec.generation;
     yield { generation: spec.generation, spec };
