@@ -1,6 +1,6 @@
 import { join } from "node:path";
 import type { Capacity } from "../../contracts/host.ts";
-import { createFakeRuntime } from "./fake/index.ts";
+import { createFakeRuntime, fakeOps } from "./fake/index.ts";
 import { createLibvirtRuntime, type LibvirtOptions } from "./libvirt-kvm/index.ts";
 import type { Runtime } from "./runtime.ts";
 
@@ -15,13 +15,11 @@ export interface RuntimeOptions {
 }
 type Make = (o: RuntimeOptions) => Promise<Runtime> | Runtime;
 
-const ops = ["create", "start", "stop", "pause", "resume", "remove", "resize", "snapshot", "restore"] as const;
-
 export const fakeRuntime: Make = (o) =>
   createFakeRuntime({
     dir: join(o.stateDir, "fake-host"),
     capacity: o.capacity,
-    delays: o.delayMs ? Object.fromEntries(ops.map((op) => [op, o.delayMs])) : undefined,
+    delays: o.delayMs ? Object.fromEntries(fakeOps.map((op) => [op, o.delayMs])) : undefined,
   });
 
 const libvirtRuntime: Make = (o) => createLibvirtRuntime({ ...o.libvirt, stateDir: join(o.stateDir, "libvirt") });

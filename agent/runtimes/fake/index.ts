@@ -13,7 +13,8 @@ import { renderSeed } from "../seed.ts";
  * and several fakes can share one process as long as each has its own directory.
  */
 
-export type FakeOp = "create" | "start" | "stop" | "pause" | "resume" | "remove" | "resize" | "snapshot" | "restore";
+export const fakeOps = ["create", "start", "stop", "pause", "resume", "remove", "resize", "snapshot", "restore"] as const;
+export type FakeOp = (typeof fakeOps)[number];
 
 export interface FakeOptions {
   /** State directory, created if missing. */
