@@ -11,6 +11,11 @@ export interface WatchOptions {
   after?: string | null;
   /** Called before each reconnect, with why the last connection ended. */
   onReconnect?: (why: { code: number | null; reason: string; attempt: number }) => void;
+  /**
+   * Called when the server no longer knows the cursor (it is ahead of every event, as after a restore from
+   * backup): the watch goes on from now, and events in between may be missed, so re-read the state you keep.
+   */
+  onResync?: (why: { cursor: string | null; message: string }) => void;
   /** Reconnects in a row before giving up (default: forever). */
   maxAttempts?: number;
   /** Stops the watch: the iteration ends, even while it waits for the next event. */
@@ -71,6 +76,11 @@ async function* resumable<R, V extends { after?: string | null }>(
         return;
       } catch (e) {
         if (opts.signal?.aborted) return;
+        if (e instanceof SdkError && after !== null && cursorUnknown(e)) {
+          opts.onResync?.({ cursor: after, message: e.message });
+          after = null;
+          continue;
+        }
         if (e instanceof SdkError) throw e;
         const { code, reason } = closeOf(e);
         if (code === 4401) throw new SdkError([{ message: reason || "credential expired or revoked", extensions: { code: "UNAUTHENTICATED" } }]);
@@ -84,6 +94,11 @@ async function* resumable<R, V extends { after?: string | null }>(
     opts.signal?.removeEventListener("abort", abort);
     await client.dispose();
   }
+}
+
+/** The server's answer to a cursor it cannot resume from: subscribe again without one. */
+function cursorUnknown(e: SdkError): boolean {
+  return e.code === "PRECONDITION_FAILED" && e.errors.some((x) => x.extensions?.cursor !== undefined);
 }
 
 function closeOf(e: unknown): { code: number | null; reason: string } {

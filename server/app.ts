@@ -10,7 +10,7 @@ import type { Principal } from "../core/auth/principal.ts";
 import type { Platform } from "../infra/platform.ts";
 import type { Context } from "./context.ts";
 import { asInvalidInput, toClientError } from "./errors.ts";
-import { subscribeShared } from "./live/execute.ts";
+import { type OpenSources, subscribeShared } from "./live/execute.ts";
 import { CloseCode, type LiveConnection, LiveHub } from "./live/hub.ts";
 import { schema } from "./schema/index.ts";
 
@@ -18,6 +18,8 @@ export interface App {
   server: Server;
   url: string;
   hub: LiveHub;
+  /** Subscriptions of every kind (instance events, node streams) whose source is still open. */
+  liveOperations(): number;
   close(): Promise<void>;
 }
 
@@ -47,6 +49,7 @@ const invalidInputCodes: Plugin = {
 
 export async function startServer(platform: Platform, opts: { port?: number; host?: string } = {}): Promise<App> {
   const counters = { requests: 0 };
+  const sources: OpenSources = { count: 0 };
   // A credential that no longer works is null; a database outage throws, and the hub keeps the connection.
   const hub = await LiveHub.start(platform, (bearer) =>
     principalFor(platform, `Bearer ${bearer}`).catch((e) => {
@@ -105,6 +108,8 @@ export async function startServer(platform: Platform, opts: { port?: number; hos
             `bc_live_connections ${hub.connections.size}`,
             "# TYPE bc_live_subscriptions gauge",
             `bc_live_subscriptions ${hub.subscriptions()}`,
+            "# TYPE bc_live_operations gauge",
+            `bc_live_operations ${sources.count}`,
             "# TYPE bc_live_events_delivered_total counter",
             `bc_live_events_delivered_total ${hub.feed.delivered}`,
             "# TYPE bc_live_closed_total counter",
@@ -140,7 +145,11 @@ export async function startServer(platform: Platform, opts: { port?: number; hos
           }
           return false;
         }
-        live.set(socket, hub.connect(socket, principal, auth ? (/^Bearer\s+(\S+)$/i.exec(auth)?.[1] ?? null) : null));
+        const conn = hub.connect(socket, principal, auth ? (/^Bearer\s+(\S+)$/i.exec(auth)?.[1] ?? null) : null);
+        live.set(socket, conn);
+        // Straight from the socket: graphql-ws calls onClose only after every subscription has returned, and a
+        // subscription waiting on a quiet instance or node returns only once its connection has ended.
+        socket.once("close", () => conn.dropped());
         return true;
       },
       onClose: (ctx) => live.get(ctx.extra.socket)?.dropped(),
@@ -149,7 +158,7 @@ export async function startServer(platform: Platform, opts: { port?: number; hos
       subscribe: (args) => {
         const ctx = args.contextValue as Context;
         const mask = (r: ExecutionResult) => (r.errors?.length ? { ...r, errors: r.errors.map((e) => toClientError(e, platform.log, ctx.requestId)) } : r);
-        return subscribeShared(args, ctx.principal?.identityId ?? "", mask);
+        return subscribeShared(args, ctx.principal?.identityId ?? "", mask, sources);
       },
       onSubscribe: async (ctx, _id, payload) => {
         const {
@@ -197,6 +206,7 @@ export async function startServer(platform: Platform, opts: { port?: number; hos
      * connections at once, and requests still in flight get a few seconds before their connections are cut.
      */
     hub,
+    liveOperations: () => sources.count,
     async close() {
       await hub.close();
       await ws.dispose();

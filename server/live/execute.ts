@@ -14,9 +14,26 @@ let nextDocId = 0;
 /** Results per event object: the feed hands one object to all its sinks, so they meet here. */
 const shared = new WeakMap<object, Map<string, Promise<ExecutionResult>>>();
 
-export async function subscribeShared(args: ExecutionArgs, identity: string, mask: Mask): Promise<AsyncIterableIterator<ExecutionResult> | ExecutionResult> {
+/** How many subscription sources are open: each is released when its stream ends, however it ends. */
+export interface OpenSources {
+  count: number;
+}
+
+export async function subscribeShared(
+  args: ExecutionArgs,
+  identity: string,
+  mask: Mask,
+  open: OpenSources,
+): Promise<AsyncIterableIterator<ExecutionResult> | ExecutionResult> {
   const source = await createSourceEventStream(args);
   if (!(Symbol.asyncIterator in source)) return mask(source as ExecutionResult);
+  open.count++;
+  let released = false;
+  const release = () => {
+    if (released) return;
+    released = true;
+    open.count--;
+  };
   let doc = docIds.get(args.document);
   if (doc === undefined) {
     doc = nextDocId++;
@@ -38,17 +55,26 @@ export async function subscribeShared(args: ExecutionArgs, identity: string, mas
     }
     return result;
   };
+  const finish = () => {
+    const done = events.return?.();
+    if (done) done.then(release, release);
+    else release();
+  };
   const results: AsyncIterableIterator<ExecutionResult> = {
     async next() {
       const r = await events.next();
+      if (r.done) release();
       return r.done ? r : { done: false, value: await resolve(r.value) };
     },
+    // Not awaited: an async generator queues `return` behind a pending `next`, which for a quiet subscription
+    // may never settle, and graphql-ws waits for every `return` before it lets go of a closed connection. The
+    // connection's end (server/live/hub.ts) is what makes the source finish; `release` counts it when it has.
     async return() {
-      await events.return?.();
+      finish();
       return { done: true, value: undefined };
     },
     async throw(e?: unknown) {
-      await events.return?.();
+      finish();
       throw e;
     },
     [Symbol.asyncIterator]() {

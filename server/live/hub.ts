@@ -1,5 +1,5 @@
 import type { Principal } from "../../core/auth/principal.ts";
-import { type EventFilter, readEvents, type WatchedEvent } from "../../core/instances/events.ts";
+import { type EventFilter, headPosition, readEvents, type WatchedEvent } from "../../core/instances/events.ts";
 import type { Platform } from "../../infra/platform.ts";
 import { EventFeed, type Sink } from "./feed.ts";
 
@@ -31,6 +31,7 @@ export class LiveConnection {
   queued = 0;
   readonly streams = new Set<EventStream>();
   private expiry: NodeJS.Timeout | undefined;
+  private readonly ending = new AbortController();
   ended = false;
 
   constructor(
@@ -46,6 +47,11 @@ export class LiveConnection {
       this.expiry = setTimeout(() => this.end(CloseCode.unauthorized, "credential expired"), Math.min(at.getTime() - Date.now(), 2 ** 31 - 1));
       this.expiry.unref();
     }
+  }
+
+  /** Aborted when the connection ends: streams that wait on something else (a node's bus channel) stop on it. */
+  get signal(): AbortSignal {
+    return this.ending.signal;
   }
 
   /** The client went away (or graphql-ws closed it): stop its streams, keep no record of it. */
@@ -71,6 +77,7 @@ export class LiveConnection {
       }
     }
     for (const s of this.streams) s.end();
+    this.ending.abort();
   }
 }
 
@@ -214,6 +221,11 @@ export class LiveHub {
       stream.end();
       conn.streams.delete(stream);
     }
+  }
+
+  /** Whether no committed event has reached this cursor yet (the feed may lag: the table has the last word). */
+  async isAhead(cursor: bigint): Promise<boolean> {
+    return cursor > this.feed.head && cursor > (await this.platform.read(headPosition));
   }
 
   revoke(key: string): void {

@@ -15,20 +15,29 @@ builder.queryType({});
 builder.mutationType({});
 builder.subscriptionType({});
 
+/**
+ * RFC 3339 with a four-digit year, as `toISOString` writes it. Wider forms (`+099999-01-01T…`) are valid for
+ * JavaScript but not for PostgreSQL's drivers on the way back, and a value that cannot be read back must not be
+ * written: it is refused here, before anything runs.
+ */
+const RFC3339 = /^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}(:\d{2}(\.\d{1,9})?)?(Z|[+-]\d{2}:\d{2})$/i;
+
+function parseDateTime(v: unknown): Date {
+  const d = typeof v === "string" && RFC3339.test(v) ? new Date(v) : null;
+  const year = d?.getUTCFullYear() ?? Number.NaN;
+  if (!d || !(year >= 1 && year <= 9999)) {
+    throw new GraphQLError("DateTime must be an RFC 3339 string in the years 0001 to 9999, like 2030-01-01T00:00:00Z", {
+      extensions: { code: "INVALID_INPUT" },
+    });
+  }
+  return d;
+}
+
 builder.scalarType("DateTime", {
-  description: "An instant, as an ISO 8601 string in UTC.",
+  description: "An instant, as an RFC 3339 string (years 0001 to 9999), written in UTC.",
   serialize: (d) => (d instanceof Date ? d.toISOString() : String(d)),
-  parseValue: (v) => {
-    const d = new Date(String(v));
-    if (typeof v !== "string" || Number.isNaN(d.getTime()))
-      throw new GraphQLError("DateTime must be an ISO 8601 string", { extensions: { code: "INVALID_INPUT" } });
-    return d;
-  },
-  parseLiteral: (ast) => {
-    if (ast.kind !== Kind.STRING || Number.isNaN(new Date(ast.value).getTime()))
-      throw new GraphQLError("DateTime must be an ISO 8601 string", { extensions: { code: "INVALID_INPUT" } });
-    return new Date(ast.value);
-  },
+  parseValue: parseDateTime,
+  parseLiteral: (ast) => parseDateTime(ast.kind === Kind.STRING ? ast.value : null),
 });
 
 builder.scalarType("JSON", {

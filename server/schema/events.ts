@@ -32,9 +32,17 @@ const InstanceEvent = builder.objectRef<WatchedEvent>("InstanceEvent").implement
   }),
 });
 
-function watch(ctx: Context, filter: EventFilter, after: string | null | undefined) {
+async function watch(ctx: Context, filter: EventFilter, after: string | null | undefined) {
   if (!ctx.live) throw new AppError("UNSUPPORTED", "subscriptions run over the websocket (graphql-ws) on the same URL");
-  return ctx.live.hub.watch(ctx.live.conn, filter, after ? parseCursor(after) : null);
+  const from = after ? parseCursor(after) : null;
+  // A cursor no event has reached (the database was restored from a backup, or the cursor is made up) would
+  // silently skip every event up to it. The SDK answers this by subscribing again from now.
+  if (from !== null && (await ctx.live.hub.isAhead(from))) {
+    throw new AppError("PRECONDITION_FAILED", `cursor ${after} is ahead of the newest event; subscribe again without one (from now) and re-read state`, {
+      cursor: "ahead",
+    });
+  }
+  return ctx.live.hub.watch(ctx.live.conn, filter, from);
 }
 
 builder.queryFields((t) => ({

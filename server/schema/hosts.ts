@@ -116,6 +116,9 @@ async function* follow<T, C extends "nodeSpecs" | "hostCommands">(
 ): AsyncGenerator<T> {
   const changes = ctx.platform.bus.subscribe(channel, nodeId);
   const seen = { dirty: false, ended: false, wake: null as (() => void) | null };
+  // A quiet node's channel may stay silent for hours: the connection's end must stop the stream by itself.
+  const stop = () => void changes.return?.();
+  ctx.live?.conn.signal.addEventListener("abort", stop, { once: true });
   const pump = (async () => {
     for await (const m of changes) {
       if (!news(m)) continue;
@@ -144,6 +147,7 @@ async function* follow<T, C extends "nodeSpecs" | "hostCommands">(
       yield await read();
     }
   } finally {
+    ctx.live?.conn.signal.removeEventListener("abort", stop);
     await changes.return?.();
     await pump;
   }

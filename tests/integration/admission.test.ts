@@ -1,6 +1,7 @@
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import {
   CreateInstanceDocument,
+  CreatePoolDocument,
   CreateProjectDocument,
   InstanceDocument,
   type InstanceFieldsFragment,
@@ -122,6 +123,28 @@ describe("createInstance on a hosted pool", () => {
     expect(failed.reason.code).toBe("UNSCHEDULABLE");
     expect(failed.reason.message).toMatch(/no free IPv4 address/);
     expect(await invariantViolations(h.platform)).toEqual([]);
+  });
+
+  it("refuses a hosted pool whose range overlaps another's, also when two are made at once", async () => {
+    await h.hostedPool({ ipv4Range: "10.3.0.0/24" });
+    const createPool = (name: string, ipv4Range: string) =>
+      h.operator.request(CreatePoolDocument, { input: { name, class: "VPS_HOST", ipv4Range } }).then((r) => r.createPool.id);
+    const pools = () => h.platform.db.prisma.pool.count();
+    const before = await pools();
+    for (const [name, range] of [
+      ["inside", "10.3.0.128/25"],
+      ["around", "10.3.0.0/16"],
+      ["same", "10.3.0.0/24"],
+    ]) {
+      const err = await expectCode(createPool(name, range), "CONFLICT");
+      expect(err.message).toMatch(/overlaps 10\.3\.0\.0\/24/);
+    }
+    expect(await pools()).toBe(before);
+    expect(await h.platform.db.prisma.auditLog.count({ where: { action: "createPool", details: { path: ["ipv4Range"], equals: "10.3.0.0/16" } } })).toBe(0);
+    await createPool("beside", "10.3.1.0/24");
+    const raced = await Promise.allSettled([createPool("race-a", "10.4.0.0/24"), createPool("race-b", "10.4.0.0/25")]);
+    expect(raced.map((r) => r.status).sort()).toEqual(["fulfilled", "rejected"]);
+    expect((raced.find((r) => r.status === "rejected") as PromiseRejectedResult).reason.code).toBe("CONFLICT");
   });
 
   it("places whole GPUs of the flavor's model and never shares one", async () => {

@@ -40,6 +40,18 @@ describe("authentication", () => {
     });
   });
 
+  it("refuses an expiry it could not read back, before writing anything", async () => {
+    const t = await h.tenant();
+    const tokens = () => h.platform.db.prisma.apiToken.count();
+    const before = await tokens();
+    for (const expiresAt of ["+099999-01-01T00:00:00Z", "-000001-01-01T00:00:00Z", "10000-01-01T00:00:00Z", "2030-01-01"]) {
+      await expectCode(h.operator.request(CreateApiTokenDocument, { input: { tenantId: t.id, name: "far", expiresAt } }), "INVALID_INPUT");
+    }
+    expect(await tokens()).toBe(before);
+    const { createApiToken } = await h.operator.request(CreateApiTokenDocument, { input: { tenantId: t.id, name: "last", expiresAt: "9999-12-31T23:59:59Z" } });
+    expect(createApiToken.apiToken.expiresAt).toBe("9999-12-31T23:59:59.000Z");
+  });
+
   it("refuses a missing, unknown, revoked or expired token with UNAUTHENTICATED", async () => {
     await expectCode(h.client().request(ViewerDocument), "UNAUTHENTICATED");
     await expectCode(h.client("bct_made_up").request(ViewerDocument), "UNAUTHENTICATED");

@@ -17,8 +17,10 @@ import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { errorCodes } from "../../contracts/errors.ts";
 import * as bc from "../../sdk/client.ts";
 import { schema } from "../../server/schema/index.ts";
+import { until } from "../support/fixtures.ts";
 import { type Harness, startHarness } from "../support/harness.ts";
 import { invariantViolations } from "../support/ledger.ts";
+import { watcher } from "../support/live.ts";
 import { walk } from "../support/reconcile.ts";
 
 /**
@@ -34,7 +36,7 @@ const SEED = Number(process.env.FUZZ_SEED ?? 20261201);
 
 let h: Harness;
 const ids: string[] = [];
-let callers: { name: string; client: bc.Client }[] = [];
+let callers: { name: string; client: bc.Client; token?: string }[] = [];
 
 beforeAll(async () => {
   h = await startHarness({ PROVIDERS: "hetzner-cloud" });
@@ -52,10 +54,10 @@ beforeAll(async () => {
   const { flavors } = await h.operator.request(bc.FlavorsDocument, { poolId: pool.poolId });
   ids.push(a.id, b.id, pool.poolId, pool.imageId, ...pool.nodeIds, vm.id, snap.id, joinNode.nodeId, ...flavors.map((f) => f.id));
   callers = [
-    { name: "operator", client: h.operator },
-    { name: "tenant", client: a.client },
-    { name: "other tenant", client: b.client },
-    { name: "host", client: h.client(joinNode.credential) },
+    { name: "operator", client: h.operator, token: h.operatorToken },
+    { name: "tenant", client: a.client, token: a.token },
+    { name: "other tenant", client: b.client, token: b.token },
+    { name: "host", client: h.client(joinNode.credential), token: joinNode.credential },
     { name: "anonymous", client: h.client() },
   ];
 });
@@ -95,7 +97,7 @@ function arbitraryFor(type: GraphQLInputType, depth = 0): fc.Arbitrary<unknown> 
       case "DateTime":
         return nullable(
           fc.oneof(
-            fc.constantFrom("2020-01-01T00:00:00Z", "2999-01-01T00:00:00Z", "yesterday", ""),
+            fc.constantFrom("2020-01-01T00:00:00Z", "2999-01-01T00:00:00Z", "+099999-01-01T00:00:00Z", "-000001-01-01T00:00:00Z", "yesterday", ""),
             fc.date({ noInvalidDate: true }).map((d) => d.toISOString()),
           ),
         );
@@ -109,12 +111,18 @@ function arbitraryFor(type: GraphQLInputType, depth = 0): fc.Arbitrary<unknown> 
 }
 
 /** The operation for one field, with every argument as a variable and the least selection the type allows. */
-function operation(kind: "query" | "mutation", field: GraphQLField<unknown, unknown>): string {
+function operation(kind: "query" | "mutation" | "subscription", field: GraphQLField<unknown, unknown>): string {
   const vars = field.args.map((a: GraphQLArgument) => `$${a.name}: ${String(a.type)}`).join(", ");
   const args = field.args.map((a) => `${a.name}: $${a.name}`).join(", ");
   const selection = isLeafType(getNamedType(field.type)) ? "" : " { __typename }";
   return `${kind}${vars ? `(${vars})` : ""} { ${field.name}${args ? `(${args})` : ""}${selection} }`;
 }
+
+/** What every committed change leaves behind: an audit row (mutations that changed something) or an event. */
+const written = () =>
+  h.platform.db.prisma.$queryRawUnsafe<{ audit: bigint; events: bigint }[]>(
+    `SELECT (SELECT count(*) FROM audit_log) AS audit, (SELECT count(*) FROM instance_events) AS events`,
+  );
 
 const fields = (kind: "query" | "mutation") =>
   Object.values((kind === "query" ? schema.getQueryType() : schema.getMutationType())?.getFields() ?? {}).map((f) => ({ kind, field: f }));
@@ -126,12 +134,42 @@ describe("every operation under hostile input", () => {
       const vars = fc.record(Object.fromEntries(field.args.map((a) => [a.name, arbitraryFor(a.type)])));
       await fc.assert(
         fc.asyncProperty(fc.constantFrom(...callers), vars, async (caller, variables) => {
+          const before = kind === "mutation" ? await written() : null;
           try {
             await caller.client.request(doc as TypedDocumentNode<unknown, Record<string, unknown>>, variables);
           } catch (e) {
             const code = (e as { code?: string }).code;
             if (!(errorCodes as readonly string[]).includes(code ?? "")) throw new Error(`${caller.name}: ${code}: ${(e as Error).message}`);
+            // A refusal changes nothing: no audit row, no event (a write that committed and then failed would show here).
+            if (before) expect(await written(), `${caller.name}: ${code} after writing`).toEqual(before);
           }
+        }),
+        { numRuns: RUNS * callers.length, seed: SEED, endOnFailure: true },
+      );
+    });
+  }
+
+  for (const field of Object.values(schema.getSubscriptionType()?.getFields() ?? {})) {
+    it(`subscription ${field.name} answers with a stream or a typed error, and lets go when closed`, async () => {
+      const query = operation("subscription", field);
+      const vars = fc.record(Object.fromEntries(field.args.map((a) => [a.name, arbitraryFor(a.type)])));
+      await fc.assert(
+        fc.asyncProperty(fc.constantFrom(...callers), vars, async (caller, variables) => {
+          const open = h.app.liveOperations();
+          const w = watcher(h.url, caller.token, query, variables as Record<string, unknown>);
+          // Accepted (a source opened, or data came) or refused: one of the two happens, within a bound.
+          await until(
+            "the subscription accepted or refused",
+            () => w.errors.length > 0 || w.events.length > 0 || w.closed !== null || h.app.liveOperations() > open,
+            10_000,
+            5,
+          );
+          await w.dispose();
+          for (const e of w.errors) {
+            const code = (e as { extensions?: { code?: string } }).extensions?.code;
+            if (!(errorCodes as readonly string[]).includes(code ?? "")) throw new Error(`${caller.name}: ${code}: ${JSON.stringify(e)}`);
+          }
+          await until("the closed subscription released", () => h.app.liveOperations() === open, 10_000, 5);
         }),
         { numRuns: RUNS * callers.length, seed: SEED, endOnFailure: true },
       );

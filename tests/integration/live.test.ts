@@ -8,6 +8,7 @@ import {
   RevokeApiTokenDocument,
   StartInstanceDocument,
   StopInstanceDocument,
+  watchInstance,
   watchInstanceEvents,
 } from "../../sdk/client.ts";
 import { type App, startServer } from "../../server/app.ts";
@@ -201,6 +202,38 @@ describe("live connections", () => {
     await lagging.close();
   });
 
+  it("refuses a cursor from the future; the SDK watcher subscribes again from now and says so", async () => {
+    const { t, inst } = await tenantWithInstance(h);
+    const head = BigInt(await headCursor(t.client));
+    const future = String(head + 1000n);
+    const raw = watcher<Ev>(h.url, t.token, CHANGED, { id: inst.id, after: future });
+    await expect.poll(() => raw.errors[0], { timeout: 5000, interval: 20 }).toMatchObject({ extensions: { code: "PRECONDITION_FAILED", cursor: "ahead" } });
+    await raw.dispose();
+    const resyncs: { cursor: string | null }[] = [];
+    const base = h.app.hub.subscriptions();
+    const controller = new AbortController();
+    const seen: number[] = [];
+    const done = (async () => {
+      for await (const e of watchInstance({
+        url: h.url,
+        token: t.token,
+        id: inst.id,
+        after: future,
+        signal: controller.signal,
+        onResync: (w) => resyncs.push(w),
+      })) {
+        seen.push(e.version);
+      }
+    })();
+    // Resynced, and subscribed again (from now) before the change is made.
+    await expect.poll(() => resyncs.length === 1 && h.app.hub.subscriptions() === base + 1, { timeout: 5000, interval: 20 }).toBe(true);
+    await flip(t.client, inst.id, 1);
+    await expect.poll(() => seen, { timeout: 10_000, interval: 20 }).toEqual([2]);
+    expect(resyncs).toEqual([expect.objectContaining({ cursor: future })]);
+    controller.abort();
+    await done;
+  });
+
   it("closes clients with a retryable code on shutdown; the SDK watcher resumes on the restarted server without a gap", async () => {
     const { t, inst } = await tenantWithInstance(h);
     let app: App = await startServer(h.platform, { port: 0, host: "127.0.0.1" });
@@ -227,6 +260,48 @@ describe("live connections", () => {
     expect(seen).toEqual(range(1, 12));
     expect(reconnects[0]).toBe(1012);
     await app.close();
+  });
+});
+
+describe("closed connections", () => {
+  let h: Harness;
+  beforeAll(async () => {
+    h = await startHarness();
+  });
+  afterAll(async () => h?.close());
+
+  /** Open a raw graphql-ws connection, subscribe, and resolve once the server has acknowledged it. */
+  async function subscribeRaw(token: string, query: string, variables: Record<string, unknown>) {
+    const ws = new WebSocket(h.url.replace(/^http/, "ws"), "graphql-transport-ws");
+    await new Promise<void>((resolve, reject) => {
+      ws.on("error", reject);
+      ws.on("open", () => ws.send(JSON.stringify({ type: "connection_init", payload: { authorization: `Bearer ${token}` } })));
+      ws.on("message", (m) => {
+        if (JSON.parse(String(m)).type !== "connection_ack") return;
+        ws.send(JSON.stringify({ id: "1", type: "subscribe", payload: { query, variables } }));
+        resolve();
+      });
+    });
+    return ws;
+  }
+
+  it("releases a closed connection and its subscriptions at once, even when they wait on a quiet instance or node", async () => {
+    const { t, inst } = await tenantWithInstance(h);
+    const pool = await h.hostedPool({ ipv4Range: "10.12.0.0/24" });
+    const { createJoinToken } = await h.operator.request(CreateJoinTokenDocument, { poolId: pool.poolId });
+    const node = (await h.client().request(JoinNodeDocument, { token: createJoinToken.token, name: "quiet-node" })).joinNode;
+    const base = { connections: h.app.hub.connections.size, subscriptions: h.app.hub.subscriptions() };
+    const sockets = [];
+    for (let i = 0; i < 40; i++) sockets.push(await subscribeRaw(t.token, CHANGED, { id: inst.id }));
+    const agents = [];
+    for (let i = 0; i < 5; i++) agents.push(await subscribeRaw(node.credential, "subscription { nodeSpec { generation } }", {}));
+    await expect.poll(() => h.app.hub.subscriptions(), { timeout: 10_000, interval: 20 }).toBe(base.subscriptions + 40);
+    expect(h.app.hub.connections.size).toBe(base.connections + 45);
+    for (const ws of [...sockets, ...agents]) ws.close();
+    // Nothing happens to the instance or the node: the release must not wait for an event.
+    await expect.poll(() => h.app.hub.connections.size, { timeout: 10_000, interval: 20 }).toBe(base.connections);
+    expect(h.app.hub.subscriptions()).toBe(base.subscriptions);
+    await expect.poll(() => h.app.liveOperations(), { timeout: 10_000, interval: 20 }).toBe(0);
   });
 });
 

@@ -95,7 +95,8 @@ export async function startHarness(env: Record<string, string> = {}): Promise<Ha
         input: {
           name: opts.name ?? `p${++n}-${rnd()}`,
           class: "VPS_HOST",
-          ipv4Range: opts.ipv4Range ?? "10.10.0.0/24",
+          // Ranges of hosted pools may not overlap: each pool gets a /24 of its own unless the test names one.
+          ipv4Range: opts.ipv4Range ?? `172.${16 + Math.floor(n / 256)}.${n % 256}.0/24`,
           singleTenant: opts.singleTenant ?? null,
         },
       });

@@ -1,6 +1,7 @@
 import { AppError, invalid, notFound } from "../../../contracts/errors.ts";
 import type { Shape } from "../../catalog/shapes.ts";
 import type { Instance } from "../../instances/model.ts";
+import { one } from "../../kernel/db.ts";
 import type { Write } from "../../kernel/write.ts";
 import type { PoolDriver, PoolInput } from "../driver.ts";
 import { parseRange } from "./ipam.ts";
@@ -27,6 +28,20 @@ export const hostedDriver: PoolDriver = {
 
   async provision(w, pool, input: PoolInput) {
     const range = parseRange(input.ipv4Range as string, input.ipv4Gateway ?? undefined);
+    // Hosted pools may share bridges and hosts: two ranges that overlap would lease one address twice. Pools
+    // are made rarely, so one lock for all of them turns check-then-insert into a safe pair.
+    await w.sql.query(`SELECT pg_advisory_xact_lock(hashtextextended('ip_pools', 0))`);
+    const other = await one<{ pool_id: string; cidr: string }>(
+      w.sql,
+      `SELECT pool_id, cidr FROM ip_pools WHERE cidr::inet && $1::inet ORDER BY pool_id LIMIT 1`,
+      [range.cidr],
+    );
+    if (other) {
+      throw new AppError("CONFLICT", `ipv4Range ${range.cidr} overlaps ${other.cidr} of pool ${other.pool_id}`, {
+        path: "input.ipv4Range",
+        poolId: other.pool_id,
+      });
+    }
     const id = w.ids("ipp");
     await w.sql.query(`INSERT INTO ip_pools (id, pool_id, cidr, network, prefix, gateway_offset) VALUES ($1, $2, $3, $4, $5, $6)`, [
       id,
