@@ -1,4 +1,5 @@
 import { mkdir, readdir, readFile, rename, rm, writeFile } from "node:fs/promises";
+import { PRIVATE_DIR, PRIVATE_FILE, sweepTemporaries } from "./runtimes/files.ts";
 import { join } from "node:path";
 import { setTimeout as sleep } from "node:timers/promises";
 import { type CommandReport, commandReport, type HostCommand, hostCommand } from "../contracts/host.ts";
@@ -78,6 +79,7 @@ export class CommandRunner {
    * settles, so the converger does not touch a domain a save left stopped. They finish in the background.
    */
   async recover(): Promise<void> {
+    sweepTemporaries(this.dir);
     const held: Promise<void>[] = [];
     for (const j of await this.journals()) {
       if (j.state !== "running" || this.inflight.has(j.command.id)) continue;
@@ -267,9 +269,9 @@ export class CommandRunner {
 
   /** Aside and renamed: a journal is the old one or the new one, never half of either. */
   private async write(j: CommandJournal): Promise<void> {
-    await mkdir(this.dir, { recursive: true });
+    await mkdir(this.dir, { recursive: true, mode: PRIVATE_DIR });
     const file = this.path(j.command.id);
-    await writeFile(`${file}.tmp`, `${JSON.stringify(j, null, 2)}\n`);
+    await writeFile(`${file}.tmp`, `${JSON.stringify(j, null, 2)}\n`, { mode: PRIVATE_FILE });
     await rename(`${file}.tmp`, file);
   }
 }

@@ -56,6 +56,9 @@ async function main(argv: string[]) {
   }
 }
 
+// Whatever any command writes (the embedded database, secrets, an agent's state, seeds with user data) is
+// the owner's alone unless a step widens it on purpose; libvirt hands disks to QEMU's user itself.
+process.umask(0o077);
 main(process.argv.slice(2)).catch((e) => {
   if (isAppError(e)) process.stderr.write(`${e.code}: ${e.message}\n`);
   else process.stderr.write(`${e instanceof Error ? (e.stack ?? e.message) : String(e)}\n`);

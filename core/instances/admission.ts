@@ -1,7 +1,7 @@
 import { z } from "zod";
 import { AppError, notFound } from "../../contracts/errors.ts";
 import { chargeOf, type Shape, shape as shapeSchema } from "../catalog/shapes.ts";
-import { instanceId, sha256Hex } from "../kernel/ids.ts";
+import { instanceId } from "../kernel/ids.ts";
 import type { Sealer } from "../kernel/seal.ts";
 import { parseInput } from "../kernel/validation.ts";
 import type { Write } from "../kernel/write.ts";
@@ -52,8 +52,10 @@ export async function admitInstance(w: Write, deps: AdmissionDeps, caller: Calle
   const input = parseInput(createInput, raw);
   const key = input.idempotencyKey ?? deps.newIdempotencyKey();
   const id = instanceId(caller.tenantId, caller.identityId, key);
-  const requestHash = sha256Hex(
+  // Keyed: the inputs include user data, which is sealed at rest and must not be confirmable from this column.
+  const requestHash = deps.sealer.digest(
     JSON.stringify([input.poolId, input.flavor, input.imageId, input.sshKeys, input.userData ?? null, input.projectId ?? null, input.desiredState]),
+    id,
   );
 
   // Identical creates queue here rather than racing to the primary key and rolling back their claims. The

@@ -1,4 +1,4 @@
-import { notFound } from "../../contracts/errors.ts";
+import { invalid, notFound } from "../../contracts/errors.ts";
 import { requireAuth, requireOperator, requireRead, requireTenantScope } from "../../core/auth/principal.ts";
 import { type ApiToken as ApiTokenRow, createApiToken, revokeApiToken } from "../../core/auth/tokens.ts";
 import { createProject, listProjects, type Project as ProjectRow } from "../../core/tenancy/projects.ts";
@@ -142,11 +142,17 @@ builder.queryField("projects", (t) =>
     args: { tenantId: t.arg.id({ description: "Operators: whose projects." }) },
     resolve: (_r, { tenantId }, ctx) => {
       const p = requireRead(ctx.principal, "compute:projects:read");
-      const tenant = p.operator ? (tenantId ? String(tenantId) : undefined) : (p.tenantId as string);
+      const tenant = p.operator ? (tenantId ? String(tenantId) : undefined) : ownTenant(p.tenantId as string, tenantId);
       return ctx.platform.read((sql) => listProjects(sql, tenant));
     },
   }),
 );
+
+/** A tenant may name its own tenant; naming another is asking for something it cannot see. */
+function ownTenant(own: string, named: string | number | null | undefined): string {
+  if (named !== null && named !== undefined && String(named) !== own) throw notFound("tenant", String(named));
+  return own;
+}
 
 builder.mutationField("createProject", (t) =>
   t.field({
@@ -156,9 +162,9 @@ builder.mutationField("createProject", (t) =>
       const p = requireAuth(ctx.principal);
       let owner: string;
       if (p.operator) {
-        if (!tenantId) throw notFound("tenant", "");
+        if (!tenantId) throw invalid("operators name the tenant the project belongs to (tenantId)", { path: "tenantId" });
         owner = String(tenantId);
-      } else owner = requireTenantScope(p, "compute:projects:write").tenantId;
+      } else owner = ownTenant(requireTenantScope(p, "compute:projects:write").tenantId, tenantId);
       return mutate(ctx, info, (w) => createProject(w, owner, { name }));
     },
   }),

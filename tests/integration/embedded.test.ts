@@ -1,5 +1,5 @@
 import { type ChildProcess, spawn, spawnSync } from "node:child_process";
-import { mkdtempSync, rmSync } from "node:fs";
+import { existsSync, lstatSync, mkdtempSync, readdirSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterAll, describe, expect, it } from "vitest";
@@ -47,6 +47,16 @@ async function startDev(dataDir: string): Promise<{ url: string; token: string; 
   return { url, token, child, banner: out };
 }
 
+/** Every file or directory under `root` that someone other than its owner may read, write or enter. */
+function openToOthers(root: string): string[] {
+  const found: string[] = [];
+  for (const name of readdirSync(root, { recursive: true }) as string[]) {
+    const st = lstatSync(join(root, name));
+    if (!st.isSymbolicLink() && (st.mode & 0o077) !== 0) found.push(`${name} ${(st.mode & 0o777).toString(8)}`);
+  }
+  return found;
+}
+
 describe("npm start (bc dev --sim 3, embedded: PGlite, in-memory bus and jobs)", () => {
   it("serves GraphiQL and runs the README walkthrough, and keeps its data and token across a restart", async () => {
     const dataDir = mkdtempSync(join(tmpdir(), "bc-dev-"));
@@ -76,6 +86,11 @@ describe("npm start (bc dev --sim 3, embedded: PGlite, in-memory bus and jobs)",
     }
     expect(seen[0]).toBe("PENDING");
     expect((await demo.request(InstanceDocument, { id: quick.id })).instance?.state).toBe("RUNNING");
+    // The database, the secrets, the hosts' state and the seed (the owner's user data) are the owner's alone.
+    const seeds = (readdirSync(dataDir, { recursive: true }) as string[]).filter((p) => /fake-host\/seeds\/inst_\w+\.iso$/.test(p));
+    expect(seeds).toHaveLength(1);
+    // PGlite's own files are 0666 while it runs (its file layer ignores the umask), inside 0700 directories.
+    expect(openToOthers(dataDir).filter((f) => !/^pglite\/.*666$/.test(f))).toEqual([]);
 
     // The README's walkthrough, exactly as a newcomer runs it.
     const walk = spawnSync(process.execPath, ["--import", "tsx", "examples/walkthrough.ts"], {
@@ -91,7 +106,12 @@ describe("npm start (bc dev --sim 3, embedded: PGlite, in-memory bus and jobs)",
 
     stop(first.child);
     await expect.poll(() => signalGroup(first.child, 0), { timeout: 20_000, interval: 100 }).toBe(false);
+    expect(openToOthers(dataDir)).toEqual([]);
+    // A host killed while writing a seed leaves its temporary behind; the next start sweeps it.
+    const leftover = join(dataDir, "sim", "host-1", "fake-host", "seeds", "inst_x.iso.4242.1.tmp");
+    writeFileSync(leftover, "half a seed");
     const second = await startDev(dataDir);
+    expect(existsSync(leftover)).toBe(false);
     expect(second.token).toBe(first.token);
     const again = createClient({ url: second.url, token: createApiToken.token });
     // The walkthrough's node was made by hand and runs no agent: the reconciler takes the instance as far as

@@ -1,4 +1,4 @@
-import { randomBytes } from "node:crypto";
+import { createHash, randomBytes } from "node:crypto";
 import { describe, expect, it } from "vitest";
 import { sealer } from "../../core/kernel/seal.ts";
 
@@ -21,5 +21,12 @@ describe("sealed user data", () => {
   });
   it("uses a fresh nonce each time", () => {
     expect(Buffer.from(s.seal("x", "i")).equals(Buffer.from(s.seal("x", "i")))).toBe(false);
+  });
+  it("digests with a key: stable for the same input, unrelated to the plain hash, different under another key or context", () => {
+    const data = JSON.stringify(["pool_a", "small", "#cloud-config\npassword: hunter2"]);
+    expect(s.digest(data, "inst_a")).toBe(s.digest(data, "inst_a"));
+    expect(s.digest(data, "inst_a")).not.toBe(createHash("sha256").update(data).digest("hex"));
+    expect(s.digest(data, "inst_a")).not.toBe(s.digest(data, "inst_b"));
+    expect(sealer(randomBytes(32).toString("base64")).digest(data, "inst_a")).not.toBe(s.digest(data, "inst_a"));
   });
 });

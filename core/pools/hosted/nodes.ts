@@ -12,8 +12,8 @@ export interface Node {
   id: string;
   poolId: string;
   name: string;
-  /** `ready` or `cordoned`; `lostAt` says whether it went silent. */
-  state: "ready" | "cordoned";
+  /** `ready` or `cordoned`, or `refusing` while its agent reports lacking the pool's runtime; `lostAt` says whether it went silent. */
+  state: "ready" | "cordoned" | "refusing";
   capVcpus: number;
   capMemoryMib: number;
   capDiskGib: number;
@@ -70,7 +70,23 @@ export const capacityInput = z.object({
         pciAddresses: z.array(z.string().regex(/^[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$/)).nullish(),
       }),
     )
-    .nullish(),
+    .nullish()
+    .superRefine((gpus, ctx) => {
+      const models = new Set<string>();
+      const addresses = new Set<string>();
+      for (const [i, g] of (gpus ?? []).entries()) {
+        if (models.has(g.model)) ctx.addIssue({ code: "custom", path: [i, "model"], message: `GPU model ${g.model} is listed twice; give one count` });
+        models.add(g.model);
+        if (!g.pciAddresses) continue;
+        if (g.pciAddresses.length !== g.count) {
+          ctx.addIssue({ code: "custom", path: [i, "pciAddresses"], message: `${g.count} ${g.model} GPUs need ${g.count} PCI addresses, got ${g.pciAddresses.length}` });
+        }
+        for (const a of g.pciAddresses) {
+          if (addresses.has(a)) ctx.addIssue({ code: "custom", path: [i, "pciAddresses"], message: `PCI address ${a} appears more than once` });
+          addresses.add(a);
+        }
+      }
+    }),
 });
 export type CapacityInput = z.input<typeof capacityInput>;
 
