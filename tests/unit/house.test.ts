@@ -4,7 +4,7 @@
 // Each rule is checked twice: on the repository, where it must hold, and on a small tree planted in a temp directory,
 // where it must fire exactly where a violation was planted. The second half proves the rules can fail.
 import { execFile } from "node:child_process";
-import { copyFileSync, mkdirSync, mkdtempSync, rmSync, writeFileSync } from "node:fs";
+import { copyFileSync, mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { dirname, join, resolve } from "node:path";
 import { pathToFileURL } from "node:url";
@@ -246,6 +246,18 @@ describe("house rules", () => {
     // Then the repository.
     const inRepo = await processEnvReads(ROOT);
     expect(inRepo, `process.env read outside the config modules (exceptions: biome.json's overrides):\n${inRepo.join("\n")}`).toEqual([]);
+  });
+
+  it("CI runs exactly the README's test command, and that command sets up what the tests need", () => {
+    const readme = readFileSync(join(ROOT, "README.md"), "utf8");
+    const ci = readFileSync(join(ROOT, ".ci/run"), "utf8");
+    const test = (JSON.parse(readFileSync(join(ROOT, "package.json"), "utf8")) as { scripts: Record<string, string> }).scripts.test;
+    expect(readme).toMatch(/^npm test\b/m);
+    expect(ci.trim().split("\n").at(-1)).toBe("npm test");
+    expect(test).toMatch(/^bash scripts\/test-setup\.sh && vitest run$/);
+    // The set-up covers every service a test suite talks to.
+    const setup = readFileSync(join(ROOT, "scripts/test-setup.sh"), "utf8");
+    for (const part of ["pg_isready", "redis-cli", "libvirtd", "@unraid/libvirt"]) expect(setup).toContain(part);
   });
 
   it("the tree type-checks and passes biome", { timeout: 180_000 }, async () => {

@@ -1,0 +1,73 @@
+#!/usr/bin/env bash
+# What `npm test` needs on this machine, made true before the tests run: PostgreSQL and Redis on 127.0.0.1, and
+# libvirt with QEMU for tests/kvm (software emulation where the host has no usable KVM). Every step checks first
+# and does nothing when its part is there, so a ready machine pays well under a second. Installing needs root
+# and apt (the only downloads are from the package registries); without root, it names what is missing.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+log() { printf '== test setup: %s\n' "$*" >&2; }
+wait_for() { # wait_for <what> <seconds> <command…>: poll until the command succeeds, bounded
+  local what=$1 limit=$2; shift 2
+  for _ in $(seq 1 "$((limit * 5))"); do "$@" >/dev/null 2>&1 && return 0; sleep 0.2; done
+  log "$what did not come up within ${limit}s"; return 1
+}
+as_root() {
+  if [ "$(id -u)" -eq 0 ]; then "$@"; else
+    log "needs root to run: $*  (run npm test as root once, or do it by hand)"; exit 1
+  fi
+}
+
+apt_ready=
+apt_install() {
+  [ -n "$apt_ready" ] || { as_root apt-get update -qq; apt_ready=1; }
+  log "installing $*"
+  as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "$@" >/dev/null
+}
+
+# --- PostgreSQL -------------------------------------------------------------------------------------------
+if ! command -v pg_ctlcluster >/dev/null || ! command -v psql >/dev/null; then apt_install postgresql postgresql-client; fi
+if ! pg_isready -h 127.0.0.1 -p 5432 -q; then
+  log "starting PostgreSQL"
+  as_root pg_ctlcluster --skip-systemctl-redirect "$(ls /etc/postgresql | head -n1)" main start || true
+  wait_for PostgreSQL 60 pg_isready -h 127.0.0.1 -p 5432 -q
+fi
+# Tests connect as the OS user over TCP: make sure that role exists and may create databases.
+if ! psql -h 127.0.0.1 -d postgres -Atc 'select 1' >/dev/null 2>&1; then
+  as_root su postgres -c "psql -qc \"CREATE ROLE \\\"$(id -un)\\\" SUPERUSER LOGIN\"" || true
+fi
+
+# --- Redis ------------------------------------------------------------------------------------------------
+if ! command -v redis-server >/dev/null; then apt_install redis-server; fi
+if ! redis-cli -h 127.0.0.1 -p 6379 ping >/dev/null 2>&1; then
+  log "starting Redis"
+  redis-server --daemonize yes --bind 127.0.0.1 -::1 --port 6379 --save "" --appendonly no >/dev/null
+  wait_for Redis 30 redis-cli -h 127.0.0.1 -p 6379 ping
+fi
+
+# --- libvirt and QEMU (tests/kvm) -------------------------------------------------------------------------
+pkgs=()
+for pair in virsh:libvirt-clients libvirtd:libvirt-daemon-system qemu-system-x86_64:qemu-system-x86 qemu-img:qemu-utils \
+  genisoimage:genisoimage busybox:busybox-static debugfs:e2fsprogs modinfo:kmod cpio:cpio xz:xz-utils ip:iproute2; do
+  command -v "${pair%%:*}" >/dev/null || pkgs+=("${pair#*:}")
+done
+dpkg -s libvirt-dev >/dev/null 2>&1 || pkgs+=(libvirt-dev)
+if [ ${#pkgs[@]} -gt 0 ]; then apt_install "${pkgs[@]}"; fi
+# Without udev, /dev/kvm stays root-only; libvirt then finds KVM "no longer available" on every call and
+# re-probes QEMU's capabilities each time (seconds per call). Give it the group and mode udev's rule would.
+if [ -e /dev/kvm ] && getent group kvm >/dev/null && [ "$(stat -c %G:%a /dev/kvm)" != "kvm:660" ]; then
+  as_root chgrp kvm /dev/kvm && as_root chmod 660 /dev/kvm
+fi
+if ! pgrep -x libvirtd >/dev/null; then
+  # libvirt's NAT network "default" would turn on forwarding and masquerading: it must never start here.
+  as_root rm -f /etc/libvirt/qemu/networks/autostart/*.xml
+  pgrep -x virtlogd >/dev/null || { log "starting virtlogd"; as_root virtlogd -d; }
+  log "starting libvirtd"; as_root libvirtd -d
+fi
+wait_for libvirtd 90 virsh -c qemu:///system version
+
+# The libvirt binding is an optional dependency built by `npm ci`: where libvirt's headers came only now, build it.
+if [ -d node_modules ] && ! node -e 'import("@unraid/libvirt").then(() => process.exit(0), () => process.exit(1))' 2>/dev/null; then
+  log "building the libvirt binding"
+  npm rebuild @unraid/libvirt --foreground-scripts >/dev/null
+fi
