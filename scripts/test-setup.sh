@@ -67,7 +67,10 @@ fi
 wait_for libvirtd 90 virsh -c qemu:///system version
 
 # The libvirt binding is an optional dependency built by `npm ci`: where libvirt's headers came only now, build it.
-if [ -d node_modules ] && ! node -e 'import("@unraid/libvirt").then(() => process.exit(0), () => process.exit(1))' 2>/dev/null; then
+# (The package imports without its native part; making a Hypervisor loads it.)
+if [ -d node_modules ] && ! node -e 'import("@unraid/libvirt").then((b) => new b.Hypervisor({ uri: "qemu:///system" })).then(() => process.exit(0), () => process.exit(1))' 2>/dev/null; then
   log "building the libvirt binding"
-  npm rebuild @unraid/libvirt --foreground-scripts >/dev/null
+  out=$(mktemp)
+  npm rebuild @unraid/libvirt --foreground-scripts >"$out" 2>&1 || { cat "$out" >&2; rm -f "$out"; exit 1; }
+  rm -f "$out"
 fi
