@@ -135,7 +135,7 @@ describe("createInstance on a hosted pool", () => {
       ["inside", "10.3.0.128/25"],
       ["around", "10.3.0.0/16"],
       ["same", "10.3.0.0/24"],
-    ]) {
+    ] as const) {
       const err = await expectCode(createPool(name, range), "CONFLICT");
       expect(err.message).toMatch(/overlaps 10\.3\.0\.0\/24/);
     }
