@@ -11,7 +11,9 @@ interface Failure {
 /**
  * Makes a host match its NodeSpec through a Runtime, and says what it sees. Keeps what the runtime refused so
  * the report carries it and the same refusal is not retried until the spec asks again. Acts on an instance
- * only while holding its lock (./locks.ts): one a host command holds is skipped, and reported as pinned.
+ * only while holding its lock (./locks.ts): one a host command holds is skipped, and reported as pinned. A
+ * spec for a runtime this host does not serve is refused whole; reports name the runtimes it serves, so the
+ * server shows the refusal.
  */
 export class Converger {
   private readonly failures = new Map<string, Failure>();
@@ -22,8 +24,19 @@ export class Converger {
     private readonly locks: InstanceLocks = new InstanceLocks(),
   ) {}
 
-  /** One pass over the spec. Returns the instances it skipped because a command held them. */
-  async converge(spec: NodeSpec): Promise<{ skipped: string[] }> {
+  /** The pool runtimes this host converges. */
+  get serves(): readonly string[] {
+    return this.runtime.serves ?? [this.runtime.id];
+  }
+
+  /**
+   * One pass over the spec. Returns the instances it skipped because a command held them, and why the spec
+   * was refused whole, if it was.
+   */
+  async converge(spec: NodeSpec): Promise<{ skipped: string[]; refused?: string }> {
+    // Another runtime's pool would get its instances on a hypervisor it does not promise, and lose domains
+    // this one does not own to its removals: nothing of such a spec is touched.
+    if (!this.serves.includes(spec.runtime)) return { skipped: [], refused: `this host runs ${this.serves.join(", ")}, not ${spec.runtime}` };
     const skipped: string[] = [];
     let seen = this.locks.releases;
     let have = new Map((await this.runtime.list()).map((d) => [d.id, d]));
@@ -39,8 +52,9 @@ export class Converger {
     for (const id of this.failures.keys()) if (!wanted.has(id)) this.failures.delete(id);
     for (const inst of spec.instances) {
       const failed = this.failures.get(inst.id);
-      // A refusal stands until the spec changes and asks for the instance to run again.
-      if (failed && (failed.generation === spec.generation || inst.power === "stopped")) continue;
+      // A refusal stands until the spec changes and asks for the instance to run again, or to stop a domain
+      // the host has (stopping it is what the owner wants now, and the host can do it).
+      if (failed && (failed.generation === spec.generation || (inst.power === "stopped" && !(await current()).has(inst.id)))) continue;
       const lease = this.locks.tryAcquire(inst.id);
       if (!lease) {
         skipped.push(inst.id);
@@ -88,6 +102,9 @@ export class Converger {
       if (reshaped) await rt.resize(inst.id, shape);
       return;
     }
+    // What follows a crash is the server's call (it records the crash, then asks for the instance stopped,
+    // and started again if its owner wants it running): booting it here would hide the crash.
+    if (d.state === "crashed") return;
     if (d.state === "stopped") {
       if (reshaped) await rt.resize(inst.id, shape);
       await rt.start(inst.id);
@@ -104,12 +121,13 @@ export class Converger {
     const domains = await this.pinnedList();
     const instances: InstanceStatus[] = domains.map((d) => {
       const f = this.failures.get(d.id);
-      return { id: d.id, state: f ? "failed" : d.state, addresses: d.addresses, error: f?.error ?? null, retryable: f?.retryable ?? false, shape: d.shape };
+      const error = f?.error ?? (d.state === "crashed" ? `${this.runtime.id}: the guest crashed` : null);
+      return { id: d.id, state: f ? "failed" : d.state, addresses: d.addresses, error, retryable: f?.retryable ?? false, shape: d.shape };
     });
     for (const [id, f] of this.failures) {
       if (!domains.some((d) => d.id === id)) instances.push({ id, state: "failed", addresses: [], error: f.error, retryable: f.retryable, shape: null });
     }
-    return { generation, instances, capacity: await this.runtime.capacity() };
+    return { generation, instances, capacity: await this.runtime.capacity(), runtimes: [...this.serves] };
   }
 
   /**

@@ -107,7 +107,9 @@ export async function startAgent(opts: AgentOptions) {
         try {
           // Instances a command held were skipped; the command's release asks for another pass. The
           // generation still counts as applied: every other instance has it, and held ones report as pinned.
-          await converger.converge(spec);
+          // A spec refused whole (another runtime's pool) is answered too: the report says why.
+          const { refused } = await converger.converge(spec);
+          if (refused) log("spec refused", { generation: spec.generation, why: refused });
           converged = spec.generation;
         } catch (e) {
           log("converge failed", { err: String(e) });
@@ -221,7 +223,7 @@ async function ensureIdentity(opts: AgentOptions, log: NonNullable<AgentOptions[
     try {
       const { joinNode } = await anon.request(JoinNodeDocument, { token: opts.joinToken, name: opts.name });
       const identity = { nodeId: joinNode.nodeId, credential: joinNode.credential };
-      mkdirSync(opts.stateDir, { recursive: true });
+      mkdirSync(opts.stateDir, { recursive: true, mode: 0o700 });
       writeFileSync(`${file}.tmp`, JSON.stringify(identity), { mode: 0o600 });
       renameSync(`${file}.tmp`, file);
       return identity;

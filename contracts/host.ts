@@ -11,7 +11,13 @@ export const capacity = z.object({
   vcpus: z.number().int().min(0),
   memoryMib: z.number().int().min(0),
   diskGib: z.number().int().min(0),
-  gpus: z.array(gpuDevice).default([]),
+  gpus: z
+    .array(gpuDevice)
+    .default([])
+    // Two devices at one address would let two instances be given one GPU.
+    .refine((gs) => new Set(gs.flatMap((g) => (g.pciAddress ? [g.pciAddress] : []))).size === gs.filter((g) => g.pciAddress).length, {
+      message: "a PCI address appears more than once",
+    }),
 });
 export type Capacity = z.infer<typeof capacity>;
 
@@ -47,8 +53,9 @@ export type NodeSpec = z.infer<typeof nodeSpec>;
 /**
  * What the host observed of one domain. `failed`: the runtime could not create or start it; `retryable`
  * says whether another host might (a host problem) or not (a bad image), which decides recreate vs error.
+ * `crashed`: the guest or its hypervisor process crashed; the host leaves it so until the spec says what next.
  */
-export const observedState = z.enum(["creating", "running", "stopped", "paused", "failed"]);
+export const observedState = z.enum(["creating", "running", "stopped", "paused", "failed", "crashed"]);
 export type ObservedState = z.infer<typeof observedState>;
 
 export const instanceStatus = z.object({
@@ -67,6 +74,11 @@ export const statusReport = z.object({
   /** Every domain named by the platform that the host has, whether or not the spec holds it. */
   instances: z.array(instanceStatus),
   capacity,
+  /**
+   * The runtimes this host can converge. A host whose list lacks its pool's runtime converges nothing of its
+   * spec and is shown refusing it. Absent (agents from before the field): the host is taken at its word.
+   */
+  runtimes: z.array(z.string()).optional(),
 });
 export type StatusReport = z.infer<typeof statusReport>;
 

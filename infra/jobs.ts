@@ -1,4 +1,5 @@
-import { Queue, Worker } from "bullmq";
+import { type Job, Queue, Worker } from "bullmq";
+import { Redis } from "ioredis";
 import { type JobName, type JobPayload, jobCatalog } from "../contracts/jobs.ts";
 import type { Config } from "./config.ts";
 import type { Logger } from "./log.ts";
@@ -16,6 +17,9 @@ export type Handlers = { [N in JobName]: (payload: JobPayload<N>) => Promise<voi
 /** BullMQ queue names cannot hold `:`; the catalog's dotted names map to one queue each. */
 export const queueName = (name: JobName) => name.replace(/[^A-Za-z0-9_.-]/g, "-");
 
+/** How long a wake-up that arrived during a run is remembered: past it, the sweep is the net. */
+const WOKEN_TTL_MS = 10 * 60_000;
+
 export function bullJobs(opts: { redisUrl: string; prefix: string }): Jobs {
   const connection = { url: opts.redisUrl };
   const queues = new Map<JobName, Queue>();
@@ -27,25 +31,45 @@ export function bullJobs(opts: { redisUrl: string; prefix: string }): Jobs {
     }
     return q;
   };
+  let redis: Redis | null = null;
+  const marks = () => {
+    redis ??= new Redis(opts.redisUrl);
+    return redis;
+  };
+  const wokenKey = (name: JobName, id: string) => `${opts.prefix}:woken:${queueName(name)}:${id}`;
+  async function enqueue<N extends JobName>(name: N, payload: JobPayload<N>): Promise<void> {
+    const spec = jobCatalog[name];
+    const data = spec.payload.parse(payload);
+    const jobId = spec.jobId(data as never);
+    // A job id already present makes add() a no-op: that is the dedup, and it holds while that job runs too.
+    // A run under way may have read its rows before what this wake-up is about, so the wake-up is marked
+    // first; the run clears the mark as it starts, and one still marked when it ends runs again (`again`).
+    await marks().set(wokenKey(name, jobId), "1", "PX", WOKEN_TTL_MS);
+    // Finished jobs are removed, failed ones too, so no kept job swallows the next wake-up of its id
+    // (docs/architecture.md, Pitfalls); failures are logged.
+    await queueFor(name).add(name, data, {
+      jobId,
+      attempts: spec.attempts,
+      backoff: { type: "exponential", delay: spec.backoffMs },
+      removeOnComplete: true,
+      removeOnFail: true,
+    });
+  }
+  /** A job woken while it ran goes again, now that its id is free. */
+  async function again(name: JobName, job: Job | undefined): Promise<void> {
+    if (job?.id && (await marks().del(wokenKey(name, job.id))) > 0) await enqueue(name, job.data);
+  }
   return {
-    async enqueue(name, payload) {
-      const spec = jobCatalog[name];
-      const data = spec.payload.parse(payload);
-      // A job id already waiting makes add() a no-op: that is the dedup. Completed jobs are removed so the
-      // next wake-up of the same instance is a new job, not swallowed by a kept one (docs/architecture.md, Pitfalls).
-      await queueFor(name).add(name, data, {
-        jobId: spec.jobId(data as never),
-        attempts: spec.attempts,
-        backoff: { type: "exponential", delay: spec.backoffMs },
-        removeOnComplete: true,
-        removeOnFail: 1000,
-      });
-    },
+    enqueue,
     async run(handlers, config, log) {
       const workers: Worker[] = [];
       for (const name of Object.keys(jobCatalog) as JobName[]) {
         const spec = jobCatalog[name];
-        const worker = new Worker(queueName(name), async (job) => handlers[name](spec.payload.parse(job.data) as never), {
+        const processJob = async (job: Job) => {
+          if (job.id) await marks().del(wokenKey(name, job.id));
+          return handlers[name](spec.payload.parse(job.data) as never);
+        };
+        const worker = new Worker(queueName(name), processJob, {
           connection,
           prefix: opts.prefix,
           concurrency: spec.concurrency,
@@ -55,7 +79,13 @@ export function bullJobs(opts: { redisUrl: string; prefix: string }): Jobs {
           stalledInterval: 5000,
           maxStalledCount: 3,
         });
-        worker.on("failed", (job, err) => log.warn("job failed", { job: name, id: job?.id, err: err.message }));
+        const rerun = (job: Job | undefined) =>
+          void again(name, job).catch((e) => log.warn("re-running a woken job failed", { job: name, id: job?.id, err: String(e) }));
+        worker.on("completed", rerun);
+        worker.on("failed", (job, err) => {
+          log.warn("job failed", { job: name, id: job?.id, err: err.message });
+          if (job && job.attemptsMade >= (job.opts.attempts ?? 1)) rerun(job);
+        });
         workers.push(worker);
         if (spec.everyMs)
           await queueFor(name).upsertJobScheduler(
@@ -68,6 +98,7 @@ export function bullJobs(opts: { redisUrl: string; prefix: string }): Jobs {
     },
     async close() {
       await Promise.all([...queues.values()].map((q) => q.close()));
+      redis?.disconnect();
     },
   };
 }

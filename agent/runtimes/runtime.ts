@@ -1,9 +1,13 @@
 import type { Capacity, InstanceSpec } from "../../contracts/host.ts";
 
-/** One domain as a runtime sees it. Only domains the platform named (`inst_…`) are listed. */
+/**
+ * One domain as a runtime sees it. Only domains the platform named (`inst_…`) are listed. `crashed`: the guest
+ * or its hypervisor process crashed and nothing has acted on it since; `start` and `stop` both leave that state.
+ * `addresses`: what the runtime learnt the guest uses (beyond the address the spec gave it), if anything.
+ */
 export interface DomainStatus {
   id: string;
-  state: "running" | "stopped" | "paused";
+  state: "running" | "stopped" | "paused" | "crashed";
   shape: { vcpus: number; memoryMib: number; diskGib: number };
   addresses: string[];
 }
@@ -28,6 +32,8 @@ export class RuntimeError extends Error {
  */
 export interface Runtime {
   readonly id: string;
+  /** The pool runtimes it converges (default: its id). A spec for any other is refused whole. */
+  readonly serves?: readonly string[];
   capacity(): Promise<Capacity>;
   list(): Promise<DomainStatus[]>;
   /** Fetch and verify the image, make the overlay and the NoCloud seed, define the domain (stopped). */

@@ -17,18 +17,23 @@ import type { DesiredState } from "./state.ts";
  * everything as it was.
  */
 
-/** start / stop / pause / delete. Asking again for what is already asked changes nothing. */
+/**
+ * start / stop / pause / delete. Asking again for what is already asked changes nothing, except on an instance
+ * in error: there, asking for it to run (or be paused) is a retry (error → starting), however often it fails.
+ */
 export async function setDesiredState(w: Write, who: Principal, id: string, desired: DesiredState): Promise<Instance> {
   const inst = await lockInstance(w, who, id);
-  if (inst.desiredState === desired) {
+  const retry = inst.state === "error" && (desired === "running" || desired === "paused") && inst.desiredState !== "deleted";
+  if (inst.desiredState === desired && !(retry && !inst.retryRequested)) {
     w.unchanged();
     return inst;
   }
   if (inst.desiredState === "deleted") throw new AppError("PRECONDITION_FAILED", `instance ${id} is being deleted`, { state: inst.state });
   // Pausing keeps the guest's memory on a host of ours; not every pool class has such a verb.
   if (desired === "paused") requireCapability(await requirePool(w.sql, inst.poolId), "pause", "pausing an instance");
-  w.audit({ targetId: inst.id, tenantId: inst.tenantId, details: { desired } });
-  return writeChange(w, inst, { desired_state: desired }, `requested:${desired}`);
+  w.audit({ targetId: inst.id, tenantId: inst.tenantId, details: retry ? { desired, retry: true } : { desired } });
+  if (!retry) return writeChange(w, inst, { desired_state: desired }, `requested:${desired}`);
+  return writeChange(w, inst, { desired_state: desired, retry_requested: true }, inst.desiredState === desired ? "requested:retry" : `requested:${desired}`);
 }
 
 /**

@@ -15,7 +15,7 @@ export const InstanceState = builder.enumType("InstanceState", { values: upperVa
 export const DesiredState = builder.enumType("DesiredState", { values: upperValues(desiredStates) });
 
 const Condition = builder.objectRef<ConditionRow>("Condition").implement({
-  description: "Why an instance is not where it should be: Unschedulable, RuntimeError or ProviderError.",
+  description: "Why an instance is not where it should be: Unschedulable, RuntimeError (reason HostReported, GuestCrashed or RuntimeMissing) or ProviderError.",
   fields: (t) => ({ type: t.exposeString("type"), reason: t.exposeString("reason"), message: t.exposeString("message") }),
 });
 
@@ -37,7 +37,9 @@ export const Instance = builder.objectRef<InstanceRow>("Instance").implement({
       description: "The user data in clear, for the identity that created the instance only; null for everyone else.",
       resolve: (i, _a, ctx) => (i.userDataSealed && ctx.principal?.identityId === i.ownerIdentityId ? ctx.platform.sealer.open(i.userDataSealed, i.id) : null),
     }),
-    addresses: t.exposeStringList("addresses"),
+    addresses: t.exposeStringList("addresses", {
+      description: "Hosted pools: the address leased from the pool's range, then those its host's runtime reports it using.",
+    }),
     conditions: t.field({ type: [Condition], resolve: (i) => i.conditions }),
     runtime: t.exposeString("runtime", { nullable: true }),
     nodeId: t.exposeID("nodeId", { nullable: true }),
@@ -62,8 +64,9 @@ const InstanceEdge = builder.objectRef<InstancePage["edges"][number]>("InstanceE
 });
 const InstanceConnection = builder.objectRef<InstancePage>("InstanceConnection").implement({
   fields: (t) => ({
-    edges: t.field({ type: [InstanceEdge], resolve: (c) => c.edges }),
-    nodes: t.field({ type: [Instance], resolve: (c) => c.edges.map((e) => e.node) }),
+    // A page's size is counted once, by `instances(first:)`.
+    edges: t.field({ type: [InstanceEdge], complexity: { multiplier: 1 }, resolve: (c) => c.edges }),
+    nodes: t.field({ type: [Instance], complexity: { multiplier: 1 }, resolve: (c) => c.edges.map((e) => e.node) }),
     pageInfo: t.field({ type: PageInfo, resolve: (c) => c.pageInfo }),
   }),
 });
@@ -94,6 +97,7 @@ builder.queryFields((t) => ({
       first: t.arg.int({ description: "Page size, 1 to 500 (default 50)." }),
       after: t.arg.string(),
     },
+    complexity: (args) => ({ multiplier: args.first ?? 50 }),
     resolve: (_r, args, ctx) =>
       ctx.platform.read((sql) =>
         listInstances(sql, ctx.principal, {

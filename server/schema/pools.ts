@@ -24,6 +24,7 @@ const NodeState = builder.enumType("NodeState", {
     READY: { value: "ready" },
     CORDONED: { value: "cordoned", description: "Keeps its instances, takes no new ones." },
     LOST: { value: "lost" },
+    REFUSING: { value: "refusing", description: "Its agent lacks the pool's runtime and converges nothing of it; takes no new instances." },
   } as const,
 });
 
@@ -174,6 +175,7 @@ builder.mutationFields((t) => ({
     resolve: (_r, { id, state }, ctx, info) => {
       requireOperator(ctx.principal);
       if (state === "lost") throw forbidden("nodes become lost when they stop reporting, not by request");
+      if (state === "refusing") throw forbidden("nodes refuse by their agents' reports, not by request");
       return mutate(ctx, info, (w) => setNodeState(w, String(id), state));
     },
   }),

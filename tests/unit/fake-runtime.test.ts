@@ -3,7 +3,7 @@ import { mkdtemp, rm } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterEach, beforeEach, describe, expect, it } from "vitest";
-import { clearFailures, createFakeRuntime, injectFailure } from "../../agent/runtimes/fake/index.ts";
+import { clearFailures, crashDomain, createFakeRuntime, injectFailure, setDomainAddresses } from "../../agent/runtimes/fake/index.ts";
 import { RuntimeError } from "../../agent/runtimes/runtime.ts";
 import { type InstanceSpec, instanceSpec } from "../../contracts/host.ts";
 import { until } from "../support/fixtures.ts";
@@ -259,6 +259,35 @@ describe("fake runtime", () => {
     const rt = createFakeRuntime({ dir: join(dir, "other"), capacity });
     expect(await rt.capacity()).toEqual(capacity);
     expect(rt.id).toBe("fake");
+  });
+});
+
+describe("fake runtime: what happens to a guest by itself", () => {
+  it("a crashed guest stays crashed until it is stopped or started, and cannot be paused or saved", async () => {
+    const rt = createFakeRuntime({ dir });
+    await rt.create(spec("inst_c"));
+    await rt.start("inst_c");
+    crashDomain(dir, "inst_c");
+    expect(await stateOf(rt, "inst_c")).toBe("crashed");
+    expect(await rejection(rt.pause("inst_c"))).toBeInstanceOf(RuntimeError);
+    expect(await rejection(rt.snapshot("inst_c", "snap_a"))).toBeInstanceOf(RuntimeError);
+    await rt.stop("inst_c");
+    expect(await stateOf(rt, "inst_c")).toBe("stopped");
+    crashDomain(dir, "inst_c");
+    await rt.start("inst_c");
+    expect(await stateOf(rt, "inst_c")).toBe("running");
+  });
+
+  it("lists the addresses its guest is seen to use", async () => {
+    const rt = createFakeRuntime({ dir });
+    await rt.create(spec("inst_d"));
+    setDomainAddresses(dir, "inst_d", ["fd00::d", "10.20.0.5"]);
+    expect((await rt.list()).find((d) => d.id === "inst_d")?.addresses).toEqual(["fd00::d", "10.20.0.5"]);
+  });
+
+  it("stands in for libvirt-kvm hosts unless told which runtimes it serves", () => {
+    expect(createFakeRuntime({ dir }).serves).toEqual(["fake", "libvirt-kvm"]);
+    expect(createFakeRuntime({ dir, serves: ["fake"] }).serves).toEqual(["fake"]);
   });
 });
 

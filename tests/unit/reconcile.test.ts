@@ -6,7 +6,7 @@ import { canTransition, type DesiredState, desiredStates, type InstanceState, in
 type Observed = NonNullable<Situation["observed"]>;
 type Seen = Observed["state"];
 
-const seenStates: readonly Seen[] = ["creating", "running", "stopped", "paused", "failed", "absent"];
+const seenStates: readonly Seen[] = ["creating", "running", "stopped", "paused", "failed", "crashed", "absent"];
 
 /** A healthy, placed instance that wants to run and has no fresh report yet; each case overrides what it needs. */
 const base: Situation = {
@@ -32,7 +32,7 @@ const anySituation: fc.Arbitrary<Situation> = fc.record({
   state: fc.constantFrom(...instanceStates),
   desired: fc.constantFrom(...desiredStates),
   placed: fc.boolean(),
-  node: fc.option(fc.record({ lost: fc.boolean(), gone: fc.boolean() }), { nil: null }),
+  node: fc.option(fc.record({ lost: fc.boolean(), gone: fc.boolean(), refusal: fc.option(fc.constant("host h refuses"), { nil: null }) }), { nil: null }),
   observed: fc.option(
     fc.record({
       state: fc.constantFrom(...seenStates),
@@ -45,6 +45,8 @@ const anySituation: fc.Arbitrary<Situation> = fc.record({
   attempts: fc.integer({ min: 0, max: 5 }),
   maxAttempts: fc.integer({ min: 1, max: 5 }),
   retryRequested: fc.boolean(),
+  crashed: fc.boolean(),
+  crashes: fc.integer({ min: 0, max: 5 }),
 });
 
 /**
@@ -88,10 +90,11 @@ function summary(step: Step | null) {
     to: step.to,
     ...(step.effects ? { effects: step.effects } : {}),
     ...(step.runtimeError !== undefined ? { runtimeError: step.runtimeError } : {}),
+    ...(step.conditionReason !== undefined ? { conditionReason: step.conditionReason } : {}),
   };
 }
 
-type Expected = { to: InstanceState | null; effects?: Effect[]; runtimeError?: unknown } | null;
+type Expected = { to: InstanceState | null; effects?: Effect[]; runtimeError?: unknown; conditionReason?: string } | null;
 
 const cases: [name: string, over: Partial<Situation>, expected: Expected][] = [
   // Creation
@@ -182,9 +185,117 @@ const cases: [name: string, over: Partial<Situation>, expected: Expected][] = [
     { state: "running", observed: seen("failed", { error: "qemu exited" }) },
     { to: "error", runtimeError: "qemu exited" },
   ],
+  [
+    "starting, the host cannot start it but another might → back to stopped, with its message",
+    { state: "starting", observed: seen("failed", { retryable: true, error: "no hugepages left" }) },
+    { to: "stopped", runtimeError: "no hugepages left" },
+  ],
+  [
+    "stopped, wanted running, its host cannot start it, attempts left → scheduling, recreate",
+    { state: "stopped", attempts: 0, observed: seen("failed", { retryable: true, error: "no hugepages left" }) },
+    { to: "scheduling", effects: ["recreate"], runtimeError: "no hugepages left" },
+  ],
+  [
+    "stopped, wanted running, its host cannot start it, at the bound → error",
+    { state: "stopped", attempts: 2, maxAttempts: 3, observed: seen("failed", { retryable: true, error: "no hugepages left" }) },
+    { to: "error", runtimeError: "no hugepages left" },
+  ],
+  [
+    "stopped, wanted running, a start no host could make → error",
+    { state: "stopped", observed: seen("failed", { retryable: false, error: "kernel not found" }) },
+    { to: "error", runtimeError: "kernel not found" },
+  ],
+  [
+    "starting, a start no host could make → error",
+    { state: "starting", observed: seen("failed", { retryable: false, error: "kernel not found" }) },
+    { to: "error", runtimeError: "kernel not found" },
+  ],
+  ["stopped, wanted stopped, an old refusal → nothing", { state: "stopped", desired: "stopped", observed: seen("failed", { retryable: true }) }, null],
   ["error, retry requested → starting, clear the request", { state: "error", retryRequested: true }, { to: "starting", effects: ["clear-retry"] }],
+  [
+    "error, retry requested, wanted paused → starting",
+    { state: "error", desired: "paused", retryRequested: true },
+    { to: "starting", effects: ["clear-retry"] },
+  ],
+  ["error, retry requested but wanted stopped → no retry", { state: "error", desired: "stopped", retryRequested: true, observed: seen("failed") }, null],
   ["error, no retry requested → nothing", { state: "error", retryRequested: false, observed: seen("stopped") }, null],
   ["error, wanted stopped and host stopped → stopped", { state: "error", desired: "stopped", observed: seen("stopped") }, { to: "stopped" }],
+
+  // Crashes: recorded as such, then the owner's intent
+  [
+    "running, the guest crashed → error naming the crash, to be started again",
+    { state: "running", observed: seen("crashed", { error: "fake: the guest crashed" }) },
+    { to: "error", runtimeError: expect.stringMatching(/^fake: the guest crashed; starting it again \(crash 1 /), conditionReason: "GuestCrashed" },
+  ],
+  [
+    "running, crashed at the bound → error that says it stays stopped",
+    { state: "running", crashes: 2, maxAttempts: 3, observed: seen("crashed") },
+    { to: "error", runtimeError: expect.stringMatching(/^the guest crashed; 3 crashes in 10 minutes: it stays stopped/), conditionReason: "GuestCrashed" },
+  ],
+  [
+    "starting, crashed while booting → error",
+    { state: "starting", observed: seen("crashed") },
+    { to: "error", runtimeError: expect.any(String), conditionReason: "GuestCrashed" },
+  ],
+  [
+    "provisioning, crashed → error",
+    { state: "provisioning", observed: seen("crashed") },
+    { to: "error", runtimeError: expect.any(String), conditionReason: "GuestCrashed" },
+  ],
+  [
+    "paused, crashed → error",
+    { state: "paused", desired: "paused", observed: seen("crashed") },
+    { to: "error", runtimeError: expect.any(String), conditionReason: "GuestCrashed" },
+  ],
+  [
+    "lost, node back with the guest crashed → error",
+    { state: "lost", node: healthy, observed: seen("crashed") },
+    { to: "error", runtimeError: expect.any(String), conditionReason: "GuestCrashed" },
+  ],
+  ["stopped, wanted stopped, a crash reported late → nothing (the host stops it)", { state: "stopped", desired: "stopped", observed: seen("crashed") }, null],
+  [
+    "error after a crash, wanted running, host has it stopped → starting",
+    { state: "error", crashed: true, crashes: 1, observed: seen("stopped") },
+    { to: "starting" },
+  ],
+  [
+    "error after a crash, wanted paused, host has it stopped → starting",
+    { state: "error", desired: "paused", crashed: true, crashes: 1, observed: seen("stopped") },
+    { to: "starting" },
+  ],
+  ["error after a crash, host not yet stopped it → wait", { state: "error", crashed: true, crashes: 1, observed: seen("crashed") }, null],
+  ["error after a crash, no fresh report → wait", { state: "error", crashed: true, crashes: 1, observed: null }, null],
+  ["error after a crash, at the bound → left to its owner", { state: "error", crashed: true, crashes: 3, maxAttempts: 3, observed: seen("stopped") }, null],
+  [
+    "error after a crash, wanted stopped, host stopped → stopped",
+    { state: "error", desired: "stopped", crashed: true, crashes: 1, observed: seen("stopped") },
+    { to: "stopped" },
+  ],
+  ["error not from a crash, wanted running, host stopped → left to its owner", { state: "error", crashed: false, observed: seen("stopped") }, null],
+
+  // A host that refuses its pool's spec (it lacks the pool's runtime)
+  [
+    "provisioning on a refusing host → scheduling elsewhere, saying why",
+    { state: "provisioning", node: { lost: false, gone: false, refusal: "host h lacks x" }, observed: seen("absent") },
+    { to: "scheduling", effects: ["recreate"], runtimeError: "host h lacks x", conditionReason: "RuntimeMissing" },
+  ],
+  [
+    "provisioning on a refusing host, at the bound → error",
+    { state: "provisioning", attempts: 2, maxAttempts: 3, node: { lost: false, gone: false, refusal: "host h lacks x" } },
+    { to: "error", runtimeError: "host h lacks x", conditionReason: "RuntimeMissing" },
+  ],
+  [
+    "running on a refusing host, whatever it reports → wait",
+    { state: "running", node: { lost: false, gone: false, refusal: "r" }, observed: seen("absent") },
+    null,
+  ],
+  ["stopped on a refusing host, wanted running → wait", { state: "stopped", node: { lost: false, gone: false, refusal: "r" } }, null],
+  ["pending, placed on a refusing host → scheduling", { state: "pending", node: { lost: false, gone: false, refusal: "r" } }, { to: "scheduling" }],
+  [
+    "running on a refusing host, wanted deleted → deleting",
+    { state: "running", desired: "deleted", node: { lost: false, gone: false, refusal: "r" } },
+    { to: "deleting" },
+  ],
 
   // Stale reports: the host has not answered the current spec yet
   ["provisioning, no fresh report → wait", { state: "provisioning", observed: null }, null],
@@ -285,5 +396,68 @@ describe("decide: convergence against a host that does what the spec asks", () =
   it("pauses a stopped instance", () => {
     const stopped = situation({ state: "stopped", desired: "stopped", observed: seen("stopped") });
     expect(converge(stopped, "paused").s.state).toBe("paused");
+  });
+});
+
+/** Apply a step as the reconciler would (state, recreate, retry); the observation is the caller's to set. */
+function apply(s: Situation, step: Step | null): Situation {
+  expect(step).not.toBeNull();
+  const st = step as Step;
+  if (st.to) expect(canTransition(s.state, st.to), `${s.state} → ${st.to}`).toBe(true);
+  let next: Situation = { ...s, state: st.to ?? s.state };
+  for (const effect of st.effects ?? []) {
+    if (effect === "place") next = { ...next, placed: true };
+    if (effect === "recreate") next = { ...next, placed: false, attempts: next.attempts + 1, observed: null };
+    if (effect === "clear-retry") next = { ...next, retryRequested: false };
+  }
+  return next;
+}
+
+describe("decide: against the reference's state table", () => {
+  it("a stopped instance its host cannot start goes to another host, and runs there", () => {
+    let s = situation({ state: "stopped", desired: "running", observed: seen("stopped") });
+    const path: InstanceState[] = [s.state];
+    s = apply(s, decide(s));
+    // The host refuses the start: stopped again, then recreated elsewhere (placed anew, created, started).
+    s = apply(s, decide({ ...s, observed: seen("failed", { retryable: true, error: "no hugepages" }) }));
+    path.push(s.state);
+    s = apply(s, decide({ ...s, observed: seen("failed", { retryable: true, error: "no hugepages" }) }));
+    path.push(s.state);
+    s = apply(s, decide(s));
+    s = apply(s, decide({ ...s, observed: null }));
+    path.push(s.state);
+    s = apply(s, decide({ ...s, observed: seen("stopped") }));
+    s = apply(s, decide({ ...s, observed: seen("running") }));
+    path.push(s.state);
+    expect(path).toEqual(["stopped", "stopped", "scheduling", "provisioning", "running"]);
+    expect(s.attempts).toBe(1);
+  });
+
+  it("an instance in error starts again when its owner asks, and only then", () => {
+    const failed = situation({ state: "error", desired: "running", observed: seen("failed", { error: "kernel not found" }) });
+    expect(decide(failed)).toBeNull();
+    const retried = apply(failed, decide({ ...failed, retryRequested: true }));
+    expect(retried.state).toBe("starting");
+    expect(apply(retried, decide({ ...retried, observed: seen("running") })).state).toBe("running");
+  });
+
+  it("a guest that keeps crashing is restarted up to the bound, then waits for its owner", () => {
+    let s = situation({ state: "running", desired: "running", maxAttempts: 3, observed: seen("running") });
+    for (let crash = 1; crash <= 3; crash++) {
+      s = apply(s, decide({ ...s, crashes: crash - 1, observed: seen("crashed") }));
+      expect(s.state).toBe("error");
+      s = { ...s, crashed: true, crashes: crash };
+      const next = decide({ ...s, observed: seen("stopped") });
+      if (crash === 3) {
+        expect(next).toBeNull();
+        break;
+      }
+      s = apply(s, next);
+      s = apply(s, decide({ ...s, observed: seen("running") }));
+      expect(s.state).toBe("running");
+    }
+    // The owner asks again, or stops it: either is followed.
+    expect(decide({ ...s, retryRequested: true, observed: seen("stopped") })?.to).toBe("starting");
+    expect(decide({ ...s, desired: "stopped", observed: seen("stopped") })?.to).toBe("stopped");
   });
 });

@@ -61,6 +61,7 @@ describe("instance state table", () => {
   it("names the spec's transitions", () => {
     expect(assertTransition("provisioning", "scheduling")).toBe("recreate");
     expect(assertTransition("stopped", "scheduling")).toBe("recreate");
+    expect(assertTransition("error", "starting")).toBe("start");
     expect(assertTransition("lost", "running")).toBe("recover");
     expect(assertTransition("running", "deleting")).toBe("delete");
   });

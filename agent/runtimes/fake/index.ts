@@ -3,7 +3,7 @@ import { copyFile, mkdir, readdir, readFile, rename, rm, writeFile } from "node:
 import { join } from "node:path";
 import { setTimeout as sleep } from "node:timers/promises";
 import type { Capacity } from "../../../contracts/host.ts";
-import { bytesIn } from "../files.ts";
+import { bytesIn, PRIVATE_DIR, PRIVATE_FILE, sweepTemporaries } from "../files.ts";
 import { type DomainStatus, type Runtime, RuntimeError } from "../runtime.ts";
 import { renderSeed } from "../seed.ts";
 
@@ -23,6 +23,11 @@ export interface FakeOptions {
   capacity?: Capacity;
   /** Milliseconds each operation waits before it takes effect (default 0), so callers can see it in flight. */
   delays?: Partial<Record<FakeOp, number>>;
+  /**
+   * The pool runtimes it stands in for. Default: `fake` and `libvirt-kvm`, so simulated hosts join pools made
+   * with the default runtime (tests, `bc dev --sim`) as the hosts they simulate would.
+   */
+  serves?: string[];
 }
 
 /** A refusal the host will make: every time, or the next `times` calls. */
@@ -41,6 +46,8 @@ interface DomainRecord {
   mac: string;
   image: { url: string; sha256: string };
   createdAt: string;
+  /** What the simulated guest is seen to use, as a runtime learns it (tests set it: setDomainAddresses). */
+  addresses?: string[];
   /** Set while a snapshot has the domain saved (off): the snapshot and the power state it had. */
   saving?: { snapshotId: string; power: PowerState };
 }
@@ -54,8 +61,8 @@ const sha256Hex = /^[0-9a-f]{64}$/;
 // Power moves as libvirt allows them: the target state itself is a no-op, the listed sources move, the rest
 // is an invalid request (libvirt will not suspend an inactive domain, nor start a paused one).
 const moves: Record<"start" | "stop" | "pause" | "resume", { to: PowerState; from: PowerState[] }> = {
-  start: { to: "running", from: ["stopped"] },
-  stop: { to: "stopped", from: ["running", "paused"] },
+  start: { to: "running", from: ["stopped", "crashed"] },
+  stop: { to: "stopped", from: ["running", "paused", "crashed"] },
   pause: { to: "paused", from: ["running"] },
   resume: { to: "running", from: ["paused"] },
 };
@@ -67,13 +74,13 @@ const tmpName = (path: string) => `${path}.${process.pid}.${++tmpCounter}.tmp`;
 
 async function writeAtomic(path: string, data: string): Promise<void> {
   const tmp = tmpName(path);
-  await writeFile(tmp, data);
+  await writeFile(tmp, data, { mode: PRIVATE_FILE });
   await rename(tmp, path);
 }
 
 function writeAtomicSync(path: string, data: string): void {
   const tmp = tmpName(path);
-  writeFileSync(tmp, data);
+  writeFileSync(tmp, data, { mode: PRIVATE_FILE });
   renameSync(tmp, path);
 }
 
@@ -112,6 +119,25 @@ export function clearFailures(dir: string): void {
   rmSync(injectPath(dir), { force: true });
 }
 
+/**
+ * What happens to a simulated guest by itself, on the host using `dir`: it crashes (as libvirt shows a guest
+ * that panicked or whose QEMU died), or its runtime learns the addresses it uses. For tests, on a domain no
+ * operation is acting on: the file is rewritten outside the runtime's own queue.
+ */
+export function crashDomain(dir: string, id: string): void {
+  editDomain(dir, id, (d) => ({ ...d, state: "crashed" }));
+}
+
+export function setDomainAddresses(dir: string, id: string, addresses: string[]): void {
+  editDomain(dir, id, (d) => ({ ...d, addresses }));
+}
+
+function editDomain(dir: string, id: string, edit: (d: DomainRecord) => DomainRecord): void {
+  if (!safeId.test(id)) throw new Error(`invalid domain name '${id}'`);
+  const path = join(dir, "domains", `${id}.json`);
+  writeAtomicSync(path, `${JSON.stringify(edit(JSON.parse(readFileSync(path, "utf8"))), null, 2)}\n`);
+}
+
 function consumeInjected(dir: string, op: FakeOp): void {
   const all = readInjections(dir);
   const failure = all[op];
@@ -138,7 +164,8 @@ export function createFakeRuntime(opts: FakeOptions): Runtime {
       return join(dir, "snapshots", id, snapshotId);
     },
   };
-  for (const sub of ["domains", "overlays", "seeds", "images", "snapshots"]) mkdirSync(join(dir, sub), { recursive: true });
+  for (const sub of ["domains", "overlays", "seeds", "images", "snapshots"]) mkdirSync(join(dir, sub), { recursive: true, mode: PRIVATE_DIR });
+  sweepTemporaries(dir);
 
   // One promise chain per domain: an operation starts only once the previous one on that domain settled.
   const chains = new Map<string, Promise<unknown>>();
@@ -228,6 +255,7 @@ export function createFakeRuntime(opts: FakeOptions): Runtime {
 
   return {
     id: "fake",
+    serves: opts.serves ?? ["fake", "libvirt-kvm"],
 
     async capacity() {
       return structuredClone(cap);
@@ -244,7 +272,7 @@ export function createFakeRuntime(opts: FakeOptions): Runtime {
           if (isMissing(err)) continue; // removed since readdir
           throw err;
         }
-        out.push({ id: d.id, state: d.state, shape: { ...d.shape }, addresses: [] });
+        out.push({ id: d.id, state: d.state, shape: { ...d.shape }, addresses: [...(d.addresses ?? [])] });
       }
       return out;
     },
@@ -305,7 +333,8 @@ export function createFakeRuntime(opts: FakeOptions): Runtime {
         const final = paths.snapshot(id, snapshotId);
         const d = await settle(await load(id), true);
         if (existsSync(final)) return { sizeBytes: await bytesIn(final) };
-        if (d.state === "stopped") throw new RuntimeError(`Requested operation is not valid: domain '${id}' is not running: no memory to save`, false);
+        if (d.state !== "running" && d.state !== "paused")
+          throw new RuntimeError(`Requested operation is not valid: domain '${id}' is not running: no memory to save`, false);
         // Off while saved, as under libvirt: a status read meanwhile sees it stopped.
         const saving: DomainRecord = { ...d, state: "stopped", saving: { snapshotId, power: d.state } };
         await save(saving);

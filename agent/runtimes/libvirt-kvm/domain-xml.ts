@@ -67,7 +67,8 @@ export function domainXml(spec: InstanceSpec, o: DomainOptions): string {
     "<features><acpi/><apic/></features>",
     // host-passthrough only under KVM: emulation (TCG) has no host CPU to pass through.
     o.type === "kvm" ? "<cpu mode='host-passthrough'/>" : "",
-    "<on_poweroff>destroy</on_poweroff><on_reboot>restart</on_reboot><on_crash>destroy</on_crash>",
+    // A crash is kept for the platform to see and act on (./states.ts), never destroyed or restarted unseen.
+    "<on_poweroff>destroy</on_poweroff><on_reboot>restart</on_reboot><on_crash>preserve</on_crash>",
     "<devices>",
     `<disk type='file' device='disk'><driver name='qemu' type='qcow2'/><source file='${esc(o.paths.overlay)}'/><target dev='vda' bus='virtio'/></disk>`,
     `<disk type='file' device='cdrom'><driver name='qemu' type='raw'/><source file='${esc(o.paths.seed)}'/><target dev='hdc' bus='ide'/><readonly/></disk>`,
@@ -76,6 +77,8 @@ export function domainXml(spec: InstanceSpec, o: DomainOptions): string {
     `<serial type='file'><source path='${esc(o.paths.console)}' append='on'/><target port='0'/></serial>`,
     "<console type='pty'><target type='serial' port='0'/></console>",
     ...gpus,
+    // pvpanic: a guest kernel that panics says so, and libvirt shows the domain crashed instead of hung.
+    "<panic model='isa'/>",
     "<memballoon model='none'/>",
     "</devices>",
     "</domain>",

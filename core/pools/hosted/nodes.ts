@@ -79,7 +79,11 @@ export const capacityInput = z.object({
         models.add(g.model);
         if (!g.pciAddresses) continue;
         if (g.pciAddresses.length !== g.count) {
-          ctx.addIssue({ code: "custom", path: [i, "pciAddresses"], message: `${g.count} ${g.model} GPUs need ${g.count} PCI addresses, got ${g.pciAddresses.length}` });
+          ctx.addIssue({
+            code: "custom",
+            path: [i, "pciAddresses"],
+            message: `${g.count} ${g.model} GPUs need ${g.count} PCI addresses, got ${g.pciAddresses.length}`,
+          });
         }
         for (const a of g.pciAddresses) {
           if (addresses.has(a)) ctx.addIssue({ code: "custom", path: [i, "pciAddresses"], message: `PCI address ${a} appears more than once` });

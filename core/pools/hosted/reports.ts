@@ -1,5 +1,7 @@
+import { isIP } from "node:net";
 import { AppError } from "../../../contracts/errors.ts";
 import type { Capacity, StatusReport } from "../../../contracts/host.ts";
+import { lockInstance, writeChange } from "../../instances/changes.ts";
 import type { Write } from "../../kernel/write.ts";
 
 /**
@@ -7,14 +9,21 @@ import type { Write } from "../../kernel/write.ts";
  * observation is written only when it says something new, and counts for the reconciler once the report's
  * generation has caught up with the instance's last change (generations.ts). A report that changes nothing
  * but the node's liveness (a heartbeat) writes no audit row: liveness is not a change anyone acted on.
+ * A host that lacks its pool's runtime refuses the pool's spec: the node shows `refusing`, and nothing it
+ * says of domains is taken as news of the pool's instances (reconcile.ts marks them).
  */
 export async function recordReport(w: Write, nodeId: string, report: StatusReport): Promise<{ generation: number }> {
   const { sql, now } = w;
   // Lock order, everywhere: instance rows before node rows (an instance change bumps its node's generation).
   // So the node row is read here without a lock and written last.
-  const [node] = await sql.query<{ wasLost: boolean }>(`SELECT lost_at IS NOT NULL AS "wasLost" FROM nodes WHERE id = $1 AND gone_at IS NULL`, [nodeId]);
+  const [node] = await sql.query<{ wasLost: boolean; state: string; runtime: string }>(
+    `SELECT n.lost_at IS NOT NULL AS "wasLost", n.state, COALESCE(p.runtime, 'libvirt-kvm') AS runtime
+       FROM nodes n JOIN pools p ON p.id = n.pool_id WHERE n.id = $1 AND n.gone_at IS NULL`,
+    [nodeId],
+  );
   if (!node) throw new AppError("UNAUTHENTICATED", `node ${nodeId} is gone`);
-  const seen = report.instances.map((i) => ({ ...i, shape: i.shape ?? null }));
+  const refuses = report.runtimes !== undefined && !report.runtimes.includes(node.runtime);
+  const seen = refuses ? [] : report.instances.map((i) => ({ ...i, shape: i.shape ?? null }));
   const changed = await sql.query<{ id: string }>(
     `UPDATE instances i SET observed_state = r.state, observed_error = r.error, observed_retryable = r.retryable,
             observed_shape = r.shape, observed_generation = $2, observed_at = $3
@@ -26,37 +35,51 @@ export async function recordReport(w: Write, nodeId: string, report: StatusRepor
     [nodeId, report.generation, now, JSON.stringify(seen)],
   );
   const ids = seen.map((i) => i.id);
-  const vanished = await sql.query<{ id: string }>(
-    `UPDATE instances SET observed_state = 'absent', observed_error = NULL, observed_generation = $2, observed_at = $3
-      WHERE node_id = $1 AND state <> 'deleted' AND NOT (id = ANY($4::text[]))
-        AND (observed_state IS DISTINCT FROM 'absent' OR (observed_generation < spec_generation AND $2 >= spec_generation))
-      RETURNING id`,
-    [nodeId, report.generation, now, ids],
+  const vanished = refuses
+    ? []
+    : await sql.query<{ id: string }>(
+        `UPDATE instances SET observed_state = 'absent', observed_error = NULL, observed_generation = $2, observed_at = $3
+          WHERE node_id = $1 AND state <> 'deleted' AND NOT (id = ANY($4::text[]))
+            AND (observed_state IS DISTINCT FROM 'absent' OR (observed_generation < spec_generation AND $2 >= spec_generation))
+          RETURNING id`,
+        [nodeId, report.generation, now, ids],
+      );
+  const readdressed = await recordAddresses(w, nodeId, seen);
+  // Domains no instance on this node owns are orphans; one that is owned again, or gone, is not. A refusing
+  // host's domains are another runtime's business: its orphans stay as they were.
+  const orphaned = refuses
+    ? []
+    : await sql.query(
+        `INSERT INTO orphans (node_id, domain_id, first_seen_at)
+         SELECT $1, d, $2 FROM unnest($3::text[]) AS d
+          WHERE NOT EXISTS (SELECT 1 FROM instances i WHERE i.id = d AND i.node_id = $1 AND i.state <> 'deleted')
+         ON CONFLICT DO NOTHING RETURNING domain_id`,
+        [nodeId, now, ids],
+      );
+  const adopted = refuses
+    ? []
+    : await sql.query(
+        `DELETE FROM orphans o WHERE o.node_id = $1
+            AND (NOT (o.domain_id = ANY($2::text[])) OR EXISTS (SELECT 1 FROM instances i WHERE i.id = o.domain_id AND i.node_id = $1 AND i.state <> 'deleted'))
+         RETURNING domain_id`,
+        [nodeId, ids],
+      );
+  // An operator's cordon stands: only a ready node starts refusing, and only a refusing one is ready again.
+  const flip = refuses && node.state === "ready" ? "refusing" : !refuses && node.state === "refusing" ? "ready" : null;
+  const [updated] = await sql.query<{ generation: number; state: string }>(
+    `UPDATE nodes SET last_report_at = $2, reported_generation = $3, lost_at = NULL,
+            state = CASE WHEN $4::text IS NOT NULL AND state = $5 THEN $4 ELSE state END
+      WHERE id = $1 RETURNING spec_generation AS generation, state`,
+    [nodeId, now, report.generation, flip, node.state],
   );
-  // Domains no instance on this node owns are orphans; one that is owned again, or gone, is not.
-  const orphaned = await sql.query(
-    `INSERT INTO orphans (node_id, domain_id, first_seen_at)
-     SELECT $1, d, $2 FROM unnest($3::text[]) AS d
-      WHERE NOT EXISTS (SELECT 1 FROM instances i WHERE i.id = d AND i.node_id = $1 AND i.state <> 'deleted')
-     ON CONFLICT DO NOTHING RETURNING domain_id`,
-    [nodeId, now, ids],
-  );
-  const adopted = await sql.query(
-    `DELETE FROM orphans o WHERE o.node_id = $1
-        AND (NOT (o.domain_id = ANY($2::text[])) OR EXISTS (SELECT 1 FROM instances i WHERE i.id = o.domain_id AND i.node_id = $1 AND i.state <> 'deleted'))
-     RETURNING domain_id`,
-    [nodeId, ids],
-  );
-  const [updated] = await sql.query<{ generation: number }>(
-    `UPDATE nodes SET last_report_at = $2, reported_generation = $3, lost_at = NULL WHERE id = $1 RETURNING spec_generation AS generation`,
-    [nodeId, now, report.generation],
-  );
+  const flipped = flip !== null && updated?.state === flip;
   const capacityChanged = await applyReportedCapacity(w, nodeId, report.capacity);
-  const wake = node.wasLost
-    ? (await sql.query<{ id: string }>(`SELECT id FROM instances WHERE node_id = $1 AND state <> 'deleted'`, [nodeId])).map((r) => r.id)
-    : [...changed, ...vanished].map((r) => r.id);
+  const wake =
+    node.wasLost || flipped
+      ? (await sql.query<{ id: string }>(`SELECT id FROM instances WHERE node_id = $1 AND state <> 'deleted'`, [nodeId])).map((r) => r.id)
+      : [...changed, ...vanished].map((r) => r.id);
   for (const id of wake) w.wake(id);
-  if (changed.length || vanished.length || orphaned.length || adopted.length || capacityChanged || node.wasLost) {
+  if (changed.length || vanished.length || orphaned.length || adopted.length || capacityChanged || node.wasLost || flipped || readdressed) {
     w.audit({
       targetId: nodeId,
       details: {
@@ -65,10 +88,40 @@ export async function recordReport(w: Write, nodeId: string, report: StatusRepor
         orphans: orphaned.length - adopted.length,
         capacityChanged,
         recovered: node.wasLost,
+        ...(flipped ? { state: flip, runtimes: report.runtimes } : {}),
+        ...(readdressed ? { readdressed } : {}),
       },
     });
   } else w.unchanged();
   return { generation: updated?.generation ?? 0 };
+}
+
+const MAX_REPORTED_ADDRESSES = 16;
+
+/**
+ * An instance's addresses are its lease (always first: the spec gives it to the guest) and then what its
+ * runtime reports it uses. A change is an instance change like any other (an event, a new version), so
+ * watchers see it. Returns how many instances changed.
+ */
+async function recordAddresses(w: Write, nodeId: string, seen: { id: string; addresses: string[] }[]): Promise<number> {
+  const reported = new Map(seen.map((i) => [i.id, [...new Set(i.addresses.filter((a) => isIP(a) !== 0))].slice(0, MAX_REPORTED_ADDRESSES)]));
+  const candidates = await w.sql.query<{ id: string; addresses: string[] }>(
+    `SELECT id, addresses FROM instances WHERE node_id = $1 AND id = ANY($2::text[]) AND state NOT IN ('deleting', 'deleted') AND cardinality(addresses) > 0`,
+    [nodeId, [...reported.keys()]],
+  );
+  const merged = (lease: string, id: string) => [lease, ...(reported.get(id) ?? []).filter((a) => a !== lease)];
+  const differ = (id: string, addresses: string[]) => JSON.stringify(merged(addresses[0] as string, id)) !== JSON.stringify(addresses);
+  const stale = candidates.filter((c) => differ(c.id, c.addresses)).map((c) => c.id);
+  // Every row locked before the first change touches the node's row (the lock order above).
+  const locked = [];
+  for (const id of stale.sort()) locked.push(await lockInstance(w, null, id));
+  let n = 0;
+  for (const inst of locked) {
+    if (!differ(inst.id, inst.addresses) || inst.nodeId !== nodeId || inst.state === "deleting" || inst.state === "deleted") continue;
+    await writeChange(w, inst, { addresses: merged(inst.addresses[0] as string, inst.id) }, "host:addresses");
+    n++;
+  }
+  return n;
 }
 
 /** What the host says it has, never below what is already allocated on it (placed instances keep their claim). */
