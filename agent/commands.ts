@@ -1,9 +1,9 @@
 import { mkdir, readdir, readFile, rename, rm, writeFile } from "node:fs/promises";
-import { PRIVATE_DIR, PRIVATE_FILE, sweepTemporaries } from "./runtimes/files.ts";
 import { join } from "node:path";
 import { setTimeout as sleep } from "node:timers/promises";
 import { type CommandReport, commandReport, type HostCommand, hostCommand } from "../contracts/host.ts";
 import type { InstanceLocks } from "./locks.ts";
+import { PRIVATE_DIR, PRIVATE_FILE, sweepTemporaries } from "./runtimes/files.ts";
 import type { Runtime } from "./runtimes/runtime.ts";
 
 export interface CommandRunnerOptions {

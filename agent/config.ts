@@ -3,6 +3,7 @@ import { join, resolve } from "node:path";
 import { parseArgs } from "node:util";
 import { z } from "zod";
 import { AppError } from "../contracts/errors.ts";
+import { parseCidr } from "./runtimes/fetch-guard.ts";
 import { type RuntimeOptions, runtimes } from "./runtimes/registry.ts";
 
 /**
@@ -50,6 +51,10 @@ const options = {
   cmdline: { type: "string" },
   "shutdown-timeout-ms": { type: "string" },
   gpu: { type: "string", multiple: true },
+  // Image sources: ranges a host may fetch from although they are loopback, private or link-local (a mirror
+  // on the operator's network; repeatable), and whether plain http is allowed. Default: public https only.
+  "image-source-allow": { type: "string", multiple: true },
+  "image-source-http": { type: "boolean" },
 } as const;
 
 const integer = (min: number) =>
@@ -61,6 +66,8 @@ const oneOf = <T extends string>(values: readonly [T, ...T[]]) => z.enum(values,
 const httpUrl = z.string().refine((s) => URL.canParse(s) && /^https?:$/.test(new URL(s).protocol), { error: "expected an http:// or https:// URL" });
 const libvirtUri = z.string().regex(/^[a-z][a-z0-9+.-]*:\/\/\S*$/i, { error: "expected a libvirt URI such as qemu:///system" });
 const path = z.string().min(1, { error: "expected a path" });
+const cidr = z.string().refine((s) => parseCidr(s) !== null, { error: "expected a CIDR such as 10.0.0.0/8 or fd00::/8, or an address" });
+const bool = z.stringbool({ error: "expected true or false" });
 const gpu = z
   .string()
   .regex(/^[^=\s]+=[0-9a-fA-F]{4}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]$/, { error: "expected model=0000:65:00.0" })
@@ -91,12 +98,26 @@ const flagSchema = z.object({
   cmdline: z.string().min(1, { error: "expected a kernel command line" }).optional(),
   "shutdown-timeout-ms": integer(0).optional(),
   gpu: z.array(gpu).default([]),
+  "image-source-allow": z.array(cidr).optional(),
+  "image-source-http": z.boolean().optional(),
 });
 
 const envSchema = z.object({
   LOG_LEVEL: oneOf(logLevels).default("info"),
   LIBVIRT_DOMAIN_TYPE: oneOf(["auto", "kvm", "qemu"]).optional(),
   LIBVIRT_URI: libvirtUri.optional(),
+  /** Comma-separated, as --image-source-allow. */
+  IMAGE_SOURCE_ALLOW: z
+    .string()
+    .transform((s) =>
+      s
+        .split(",")
+        .map((c) => c.trim())
+        .filter(Boolean),
+    )
+    .pipe(z.array(cidr))
+    .optional(),
+  IMAGE_SOURCE_HTTP: bool.optional(),
 });
 
 const invalid = (message: string) => new AppError("INVALID_CONFIG", message);
@@ -169,6 +190,10 @@ export function loadAgentConfig(argv: string[], env: Record<string, string | und
           : undefined,
         shutdownTimeoutMs: f["shutdown-timeout-ms"],
         gpus: f.gpu,
+        imageSources: {
+          allow: f["image-source-allow"] ?? vars.data.IMAGE_SOURCE_ALLOW ?? [],
+          allowHttp: f["image-source-http"] ?? vars.data.IMAGE_SOURCE_HTTP ?? false,
+        },
       },
     },
   };

@@ -19,7 +19,7 @@ import { detectDomainType } from "../agent/runtimes/libvirt-kvm/host.ts";
 import { createLibvirtRuntime, makeOverlay, openLibvirt, writeSeedIso } from "../agent/runtimes/libvirt-kvm/index.ts";
 import * as bc from "../sdk/client.ts";
 import { buildGuest } from "../tests/kvm/guest.ts";
-import { makeBridge, openPath, serveFiles, tinySpec } from "../tests/kvm/support.ts";
+import { loopbackSources, makeBridge, openPath, serveFiles, tinySpec } from "../tests/kvm/support.ts";
 import { benchApi, benchArgs, percentile } from "./lib.ts";
 
 const args = benchArgs({ runs: 5 });
@@ -65,13 +65,14 @@ async function platformHost(guest: Awaited<ReturnType<typeof buildGuest>>, bridg
   const images = await serveFiles({ "base.qcow2": guest.base });
   const api = await benchApi({
     poolSize: 10,
-    env: { VPS_HOST_NETWORK: bridge, RECONCILE_SWEEP_MS: "1000" },
+    // The image server is on loopback, over http: allowed at registration and on the host.
+    env: { VPS_HOST_NETWORK: bridge, RECONCILE_SWEEP_MS: "1000", IMAGE_SOURCE_HTTP: "true" },
     ipv4Range: "10.124.0.0/24",
     tiny: { vcpus: 1, memoryMib: 256, diskGib: 1 },
     image: { source: images.url("base.qcow2"), sha256: guest.sha256 },
   });
   const t = api.tenant;
-  const runtime = await createLibvirtRuntime({ stateDir: join(dir, "agent", "libvirt"), boot: guest, shutdownTimeoutMs: 1000 });
+  const runtime = await createLibvirtRuntime({ stateDir: join(dir, "agent", "libvirt"), boot: guest, shutdownTimeoutMs: 1000, imageSources: loopbackSources });
   const agent = await startAgent({
     server: api.url,
     joinToken: await api.joinToken(),

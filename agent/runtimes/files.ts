@@ -43,3 +43,7 @@ export function sweepTemporaries(root: string): string[] {
 /** Seeds carry the owner's user data; runtime state is the host's alone. */
 export const PRIVATE_FILE = 0o600;
 export const PRIVATE_DIR = 0o700;
+/** A directory a hypervisor's own user must get through to files it is handed: enter, but not list. */
+export const PASS_THROUGH_DIR = 0o711;
+/** A verified base image that every overlay on it reads. */
+export const SHARED_READ_ONLY = 0o644;

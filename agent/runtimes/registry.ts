@@ -1,6 +1,8 @@
+import { chmodSync, mkdirSync } from "node:fs";
 import { join } from "node:path";
 import type { Capacity } from "../../contracts/host.ts";
 import { createFakeRuntime, fakeOps } from "./fake/index.ts";
+import { PASS_THROUGH_DIR } from "./files.ts";
 import { createLibvirtRuntime, type LibvirtOptions } from "./libvirt-kvm/index.ts";
 import type { Runtime } from "./runtime.ts";
 
@@ -22,7 +24,12 @@ export const fakeRuntime: Make = (o) =>
     delays: o.delayMs ? Object.fromEntries(fakeOps.map((op) => [op, o.delayMs])) : undefined,
   });
 
-const libvirtRuntime: Make = (o) => createLibvirtRuntime({ ...o.libvirt, stateDir: join(o.stateDir, "libvirt") });
+const libvirtRuntime: Make = (o) => {
+  // The agent's state dir holds the runtime's: QEMU's user must get through it (its own files stay private).
+  mkdirSync(o.stateDir, { recursive: true });
+  chmodSync(o.stateDir, PASS_THROUGH_DIR);
+  return createLibvirtRuntime({ ...o.libvirt, stateDir: join(o.stateDir, "libvirt") });
+};
 
 /** The runtimes an agent can drive, by id (what `bc agent --runtime` and pools' `runtime` name). */
 export const runtimes: Record<string, Make> = { fake: fakeRuntime, "libvirt-kvm": libvirtRuntime };

@@ -35,16 +35,29 @@ export const tableImages: ImageResolver = {
   },
 };
 
-const registerInput = z.object({
-  name: z.string().trim().min(1).max(128),
-  // Hosts fetch images themselves: only http(s) sources they can reach, never file:// paths on the host.
-  source: z.url({ protocol: /^https?$/ }).max(2048),
-  sha256: z.string().regex(/^[0-9a-f]{64}$/, "64 lower-case hex digits"),
-  format: z.enum(["raw", "qcow2", "iso"]),
-  public: z.boolean().default(false),
-  verified: z.boolean().optional(),
-});
-export type RegisterImageInput = z.input<typeof registerInput>;
+/** What the deployment allows of image sources (infra/config.ts `vps.imageSources`). */
+export interface ImageSourcePolicy {
+  /** Plain http besides https: for a mirror on the operator's own network. */
+  allowHttp: boolean;
+}
+
+// Hosts fetch images themselves, from URLs only: never file:// paths on the host. https, as the reference
+// has it, unless the deployment allows http; hosts check the destination again (agent/runtimes/fetch-guard.ts).
+const sourceUrl = (allowHttp: boolean) =>
+  z.url({ protocol: allowHttp ? /^https?$/ : /^https$/, error: allowHttp ? "expected an http(s) URL" : "expected an https URL" }).max(2048);
+
+const registerInput = (policy: ImageSourcePolicy) =>
+  z.object({
+    name: z.string().trim().min(1).max(128),
+    source: sourceUrl(policy.allowHttp),
+    sha256: z.string().regex(/^[0-9a-f]{64}$/, "64 lower-case hex digits"),
+    format: z.enum(["raw", "qcow2", "iso"]),
+    public: z.boolean().default(false),
+    verified: z.boolean().optional(),
+  });
+const strict = registerInput({ allowHttp: false });
+const lenient = registerInput({ allowHttp: true });
+export type RegisterImageInput = z.input<typeof strict>;
 
 /** An image the platform knows, as the API shows it. */
 export interface Image {
@@ -66,8 +79,8 @@ const COLUMNS = `id, tenant_id AS "tenantId", name, source, sha256, format, veri
  * Tenants register private images; public ones (and the `verified` mark policies rely on) are the operator's
  * word, since every tenant would boot them.
  */
-export async function registerImage(w: Write, who: Principal, raw: RegisterImageInput): Promise<Image> {
-  const input = parseInput(registerInput, raw);
+export async function registerImage(w: Write, who: Principal, raw: RegisterImageInput, policy: ImageSourcePolicy = { allowHttp: false }): Promise<Image> {
+  const input = parseInput(policy.allowHttp ? lenient : strict, raw);
   if (!who.operator && (input.public || input.verified)) throw forbidden("only an operator can publish or verify an image");
   const [image] = await w.sql.query<Image>(
     `INSERT INTO images (id, tenant_id, name, source, sha256, format, verified, visibility, created_at)

@@ -48,7 +48,8 @@ builder.mutationField("registerImage", (t) =>
     resolve: (_r, { input }, ctx, info) => {
       const p = requireAuth(ctx.principal);
       if (!p.operator) requireRead(p, "compute:images:write");
-      return mutate(ctx, info, (w) => registerImage(w, p, { ...input, public: input.public ?? undefined, verified: input.verified ?? undefined }));
+      const sources = ctx.platform.config.vps.imageSources;
+      return mutate(ctx, info, (w) => registerImage(w, p, { ...input, public: input.public ?? undefined, verified: input.verified ?? undefined }, sources));
     },
   }),
 );

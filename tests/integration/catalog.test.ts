@@ -30,12 +30,14 @@ beforeAll(async () => {
 });
 afterAll(() => h?.close());
 
+let ranges = 0;
+/** A hosted pool with a range of its own (ranges may not overlap) unless the test names one. */
 const hosted = (name: string, extra: Record<string, unknown> = {}) =>
-  h.operator.request(CreatePoolDocument, { input: { name, class: "VPS_HOST", ipv4Range: "192.0.2.0/24", ...extra } as never });
+  h.operator.request(CreatePoolDocument, { input: { name, class: "VPS_HOST", ipv4Range: `198.18.${ranges++}.0/24`, ...extra } as never });
 
 describe("pools", () => {
   it("creates a hosted pool with its IPv4 range and reports IPAM", async () => {
-    const { createPool } = await hosted("fra1", { ipv4Gateway: "192.0.2.254" });
+    const { createPool } = await hosted("fra1", { ipv4Range: "192.0.2.0/24", ipv4Gateway: "192.0.2.254" });
     expect(createPool).toMatchObject({ class: "VPS_HOST", agent: "bcd", runtime: "libvirt-kvm", ipam: { range: "192.0.2.0/24", total: 253, used: 0 } });
     expect((await h.operator.request(PoolsDocument)).pools.map((p) => p.name)).toContain("fra1");
   });
@@ -217,5 +219,34 @@ describe("tenants and quota", () => {
     const { setTenantQuota } = await h.operator.request(SetTenantQuotaDocument, { tenantId: createTenant.id, quota: { instances: 1 } });
     expect(setTenantQuota.quota.filter((q) => q.limit !== null)).toEqual([{ resource: "instances", limit: 1, used: 0 }]);
     expect((await h.operator.request(TenantDocument, { id: createTenant.id })).tenant?.name).toBe("quota-co");
+  });
+});
+
+describe("image sources", () => {
+  const register = (client: Harness["operator"], source: string, name = "src") =>
+    client.request(RegisterImageDocument, { input: { name, source, sha256: sha256Of("9"), format: "QCOW2" } });
+
+  it("takes https only: plain http (the metadata endpoint, loopback), file and other schemes are INVALID_INPUT naming the field", async () => {
+    const t = await h.tenant();
+    for (const source of ["http://169.254.169.254/latest/meta-data/", "http://127.0.0.1:8080/i.qcow2", "file:///etc/shadow", "ftp://mirror.invalid/i.qcow2"]) {
+      for (const client of [t.client, h.operator]) {
+        const err = await expectCode(register(client, source, "refused-src"), "INVALID_INPUT");
+        expect(err.message).toBe("INVALID_INPUT: input.source: expected an https URL");
+      }
+    }
+    expect(await h.platform.db.prisma.image.count({ where: { name: "refused-src" } })).toBe(0);
+    expect((await register(t.client, "https://mirror.invalid/i.qcow2")).registerImage.source).toBe("https://mirror.invalid/i.qcow2");
+  });
+
+  it("takes plain http where the deployment allows it (IMAGE_SOURCE_HTTP), and still no other scheme", async () => {
+    const lenient = await startHarness({ IMAGE_SOURCE_HTTP: "true" });
+    try {
+      const t = await lenient.tenant();
+      expect((await register(t.client, "http://mirror.lan/i.qcow2")).registerImage.source).toBe("http://mirror.lan/i.qcow2");
+      const err = await expectCode(register(t.client, "file:///etc/shadow"), "INVALID_INPUT");
+      expect(err.message).toBe("INVALID_INPUT: input.source: expected an http(s) URL");
+    } finally {
+      await lenient.close();
+    }
   });
 });

@@ -20,7 +20,20 @@ import { testKey } from "../support/fixtures.ts";
 import { waitForState } from "../support/hosts.ts";
 import { invariantViolations } from "../support/ledger.ts";
 import { buildGuest, type Guest } from "./guest.ts";
-import { fileSha256, guestSaid, keyBlobSha256, makeBridge, openPath, readFromDisk, requireHypervisor, serveFiles, sh, ticksSince, virsh } from "./support.ts";
+import {
+  fileSha256,
+  guestSaid,
+  keyBlobSha256,
+  loopbackSourceFlags,
+  makeBridge,
+  openPath,
+  readFromDisk,
+  requireHypervisor,
+  serveFiles,
+  sh,
+  ticksSince,
+  virsh,
+} from "./support.ts";
 
 /** The whole platform on a real hypervisor: server, worker and one agent driving this machine's libvirtd. */
 
@@ -37,9 +50,10 @@ beforeAll(async () => {
   c = await startCluster({
     hosts: 1,
     runtime: "libvirt-kvm",
-    agentArgs: ["--kernel", guest.kernel, "--initrd", guest.initrd, "--cmdline", guest.cmdline, "--shutdown-timeout-ms", "1500"],
+    // The image server is on loopback, over http: the operator allows both, on the hosts and at registration.
+    agentArgs: ["--kernel", guest.kernel, "--initrd", guest.initrd, "--cmdline", guest.cmdline, "--shutdown-timeout-ms", "1500", ...loopbackSourceFlags],
     // A real hypervisor under emulation on a busy machine: a host is called lost after 10 s of silence, not 1.5.
-    env: { VPS_HOST_NETWORK: bridge.name, VPS_RUNTIMES: "libvirt-kvm", NODE_LOST_GRACE_MS: "10000" },
+    env: { VPS_HOST_NETWORK: bridge.name, VPS_RUNTIMES: "libvirt-kvm", NODE_LOST_GRACE_MS: "10000", IMAGE_SOURCE_HTTP: "true" },
   });
   const backed = join(c.root, "backed.qcow2");
   await sh("qemu-img", ["create", "-q", "-f", "qcow2", "-F", "qcow2", "-b", guest.base, backed, "1G"]);
@@ -62,8 +76,9 @@ async function tenant() {
   return c.client(createApiToken.token);
 }
 
-const image = async (name: string, file: string, sha256: string) =>
-  (await c.operator.request(RegisterImageDocument, { input: { name, source: server.url(file), sha256, format: "QCOW2", public: true } })).registerImage.id;
+const registered = async (name: string, source: string, sha256: string) =>
+  (await c.operator.request(RegisterImageDocument, { input: { name, source, sha256, format: "QCOW2", public: true } })).registerImage.id;
+const image = (name: string, file: string, sha256: string) => registered(name, server.url(file), sha256);
 
 const instanceDir = (id: string) => join(c.root, "host-1", "libvirt", "instances", id);
 
@@ -148,7 +163,7 @@ describe("server + worker + agent on libvirt-kvm", () => {
     await c.inspect(async (p) => expect(await invariantViolations(p)).toEqual([]));
   }, 600_000);
 
-  it("refuses a tampered image and one that names a backing file, with the host's reason in a RuntimeError condition", async () => {
+  it("refuses a tampered image, one that names a backing file and one at the metadata endpoint, with a classified reason in a RuntimeError condition", async () => {
     const t = await tenant();
     const cases = [
       {
@@ -157,15 +172,21 @@ describe("server + worker + agent on libvirt-kvm", () => {
           "tampered.qcow2",
           guest.sha256.replace(/^./, (ch) => (ch === "0" ? "1" : "0")),
         ),
-        reason: /sha256/,
+        reason: "image digest mismatch",
       },
-      { imageId: await image("backed", "backed.qcow2", fileSha256(join(c.root, "backed.qcow2"))), reason: /backing file/ },
+      { imageId: await image("backed", "backed.qcow2", fileSha256(join(c.root, "backed.qcow2"))), reason: "image names a backing file; refused" },
+      // Registered where the deployment takes http; the host allows loopback only, so it never connects there.
+      // A digest of its own: the host's cache is by digest, and the guest's base is in it already.
+      {
+        imageId: await registered("metadata", "http://169.254.169.254/latest/meta-data/", "f".repeat(64)),
+        reason: "image source refused: link-local destination",
+      },
     ];
     for (const { imageId, reason } of cases) {
       const inst = (await t.request(CreateInstanceDocument, { input: { poolId: c.poolId, flavor: "tiny", imageId } })).createInstance;
       await waitForState(t, inst.id, "ERROR", 120_000);
       const { instance } = await t.request(InstanceDocument, { id: inst.id });
-      expect(instance?.conditions.find((x) => x.type === "RuntimeError")?.message).toMatch(reason);
+      expect(instance?.conditions.find((x) => x.type === "RuntimeError")?.message).toBe(reason);
       await t.request(DeleteInstanceDocument, { id: inst.id });
       await waitForState(t, inst.id, "DELETED", 60_000);
     }

@@ -11,6 +11,7 @@ import {
   fileSha256,
   guestSaid,
   keyBlobSha256,
+  loopbackSources,
   makeBridge,
   openPath,
   readFromDisk,
@@ -48,6 +49,7 @@ beforeAll(async () => {
     stateDir: join(root, "state"),
     boot: { kernel: guest.kernel, initrd: guest.initrd, cmdline: guest.cmdline },
     shutdownTimeoutMs: 1500,
+    imageSources: loopbackSources,
   })) as Runtime & LibvirtRuntimeExtras;
 }, 300_000);
 
@@ -94,7 +96,7 @@ describe(`libvirt-kvm on this machine's libvirtd`, () => {
     expect((await rt.list()).find((d) => d.id === s.id)).toMatchObject({ state: "running", shape: { vcpus: 1, memoryMib: 256, diskGib: 1 } });
 
     // Another runtime on the same libvirtd (another agent, another tool) neither sees nor touches it.
-    const other = await createLibvirtRuntime({ stateDir: join(root, "other") });
+    const other = await createLibvirtRuntime({ stateDir: join(root, "other"), imageSources: loopbackSources });
     expect((await other.list()).map((d) => d.id)).not.toContain(s.id);
     await other.remove(s.id);
     await other.close();
@@ -207,13 +209,13 @@ describe(`libvirt-kvm on this machine's libvirtd`, () => {
 
   it("refuses an image whose bytes do not match its sha256, and keeps nothing of it", async () => {
     // A host of its own, so the good base is not already in its cache under that digest.
-    const fresh = await createLibvirtRuntime({ stateDir: join(root, "fresh") });
+    const fresh = await createLibvirtRuntime({ stateDir: join(root, "fresh"), imageSources: loopbackSources });
     try {
       const s = spec({ image: { url: server.url("tampered.qcow2"), sha256: guest.sha256, format: "qcow2" } });
       const err = await fresh.create(s).catch((e: unknown) => e);
       expect(err).toBeInstanceOf(RuntimeError);
       expect((err as RuntimeError).retryable).toBe(false);
-      expect((err as Error).message).toMatch(/sha256 [0-9a-f]{64}, not the registered/);
+      expect((err as Error).message).toBe("image digest mismatch");
       expect(readdirSync(join(root, "fresh", "images"))).toEqual([]);
       expect((await fresh.list()).map((d) => d.id)).not.toContain(s.id);
     } finally {
@@ -225,7 +227,24 @@ describe(`libvirt-kvm on this machine's libvirtd`, () => {
     const s = spec({ image: { url: server.url("backed.qcow2"), sha256: fileSha256(join(root, "backed.qcow2")), format: "qcow2" } });
     const err = await rt.create(s).catch((e: unknown) => e);
     expect(err).toBeInstanceOf(RuntimeError);
-    expect((err as Error).message).toMatch(/names a backing file/);
+    expect((err as Error).message).toBe("image names a backing file; refused");
     expect(await stateOf(s.id)).toBeUndefined();
+  });
+
+  it("refuses the loopback image server without the operator's allowance, and never fetches from it", async () => {
+    const guarded = await createLibvirtRuntime({ stateDir: join(root, "guarded") });
+    try {
+      const s = spec();
+      const err = await guarded.create(s).catch((e: unknown) => e);
+      expect(err).toBeInstanceOf(RuntimeError);
+      expect((err as RuntimeError).retryable).toBe(false);
+      expect((err as Error).message).toBe("image source refused: plain http is not allowed");
+      const https = spec({ image: { ...s.image, url: s.image.url.replace(/^http:/, "https:") } });
+      expect(((await guarded.create(https).catch((e: unknown) => e)) as Error).message).toBe("image source refused: loopback destination");
+      expect(existsSync(join(root, "guarded", "images")) ? readdirSync(join(root, "guarded", "images")) : []).toEqual([]);
+      expect((await guarded.list()).map((d) => d.id)).not.toContain(s.id);
+    } finally {
+      await guarded.close();
+    }
   });
 });

@@ -37,6 +37,13 @@ export async function requireHypervisor(): Promise<void> {
   await hv.connectClose();
 }
 
+/**
+ * What an operator allows to let hosts fetch from this suite's image server: loopback, over plain http. For a
+ * runtime made in the test, and as `bc agent` flags. Without them a host refuses the server (see tests/unit/image-fetch.test.ts).
+ */
+export const loopbackSources = { allow: ["127.0.0.0/8"], allowHttp: true };
+export const loopbackSourceFlags = ["--image-source-allow", "127.0.0.0/8", "--image-source-http"];
+
 /** Serve files on loopback by name: the host downloads base images from here, as from any image server. */
 export async function serveFiles(files: Record<string, string>): Promise<{ url: (name: string) => string; close: () => Promise<void> }> {
   const server = createServer((req, res) => {

@@ -40,7 +40,14 @@ describe("agent configuration", () => {
         stateDir: resolve(".data/agent/build-host.example"),
         capacity: { vcpus: 16, memoryMib: 65536, diskGib: 1000, gpus: [] },
         delayMs: 0,
-        libvirt: { uri: undefined, domainType: "auto", boot: undefined, shutdownTimeoutMs: undefined, gpus: [] },
+        libvirt: {
+          uri: undefined,
+          domainType: "auto",
+          boot: undefined,
+          shutdownTimeoutMs: undefined,
+          gpus: [],
+          imageSources: { allow: [], allowHttp: false },
+        },
       },
     });
   });
@@ -81,6 +88,10 @@ describe("agent configuration", () => {
       "L4=0000:65:00.0",
       "--gpu",
       "L4=0000:66:00.0",
+      "--image-source-allow",
+      "10.20.0.0/16",
+      "--image-source-allow=fd00::/8",
+      "--image-source-http",
     ]);
     expect(c).toMatchObject({ joinToken: "jt_abc", runtime: "libvirt-kvm", name: "box-1", stateDir: "/var/lib/bc-agent", heartbeatMs: 300 });
     expect(c.runtimeOptions).toEqual({
@@ -96,6 +107,7 @@ describe("agent configuration", () => {
           { model: "L4", pciAddress: "0000:65:00.0" },
           { model: "L4", pciAddress: "0000:66:00.0" },
         ],
+        imageSources: { allow: ["10.20.0.0/16", "fd00::/8"], allowHttp: true },
       },
     });
   });
@@ -124,6 +136,21 @@ describe("agent configuration", () => {
     expect(refusal([...server, "--gpu", "L4=0000:65:00.0", "--gpu", "L4"])).toBe('--gpu: expected model=0000:65:00.0, got "L4"');
     expect(refusal([...server, "--libvirt-uri", "system"])).toMatch(/^--libvirt-uri: expected a libvirt URI/);
     expect(refusal([...server, "--initrd", "/boot/initrd.img"])).toBe("--initrd: only with --kernel");
+    expect(refusal([...server, "--image-source-allow", "10.0.0.0/8", "--image-source-allow", "localhost"])).toBe(
+      '--image-source-allow: expected a CIDR such as 10.0.0.0/8 or fd00::/8, or an address, got "localhost"',
+    );
+  });
+
+  it("reads the image-source allowances from IMAGE_SOURCE_ALLOW and IMAGE_SOURCE_HTTP, with flags over the environment", () => {
+    const env = { IMAGE_SOURCE_ALLOW: "127.0.0.0/8, ::1", IMAGE_SOURCE_HTTP: "true" };
+    expect(load(server, env).runtimeOptions.libvirt?.imageSources).toEqual({ allow: ["127.0.0.0/8", "::1"], allowHttp: true });
+    expect(load([...server, "--image-source-allow", "192.168.7.0/24"], env).runtimeOptions.libvirt?.imageSources).toEqual({
+      allow: ["192.168.7.0/24"],
+      allowHttp: true,
+    });
+    expect(load(server, { IMAGE_SOURCE_HTTP: "false" }).runtimeOptions.libvirt?.imageSources).toEqual({ allow: [], allowHttp: false });
+    expect(refusal(server, { IMAGE_SOURCE_ALLOW: "127.0.0.0/8,10.0.0.0/40" })).toMatch(/^IMAGE_SOURCE_ALLOW: expected a CIDR/);
+    expect(refusal(server, { IMAGE_SOURCE_HTTP: "maybe" })).toBe('IMAGE_SOURCE_HTTP: expected true or false, got "maybe"');
   });
 
   it("reads LOG_LEVEL, LIBVIRT_DOMAIN_TYPE and LIBVIRT_URI, with flags over the environment", () => {

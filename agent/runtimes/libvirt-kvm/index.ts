@@ -1,17 +1,18 @@
 import { randomUUID } from "node:crypto";
 import { constants, existsSync } from "node:fs";
-import { copyFile, mkdir, mkdtemp, readFile, rename, rm, writeFile } from "node:fs/promises";
+import { chmod, copyFile, mkdir, mkdtemp, readFile, rename, rm, writeFile } from "node:fs/promises";
 import { dirname, join, resolve } from "node:path";
 import { setTimeout as sleep } from "node:timers/promises";
 import type { Capacity, InstanceSpec } from "../../../contracts/host.ts";
-import { bytesIn } from "../files.ts";
+import { bytesIn, PASS_THROUGH_DIR, PRIVATE_FILE, sweepTemporaries } from "../files.ts";
 import { type DomainStatus, type Runtime, RuntimeError } from "../runtime.ts";
 import { renderSeed } from "../seed.ts";
 import { type DirectBoot, type DomainType, domainXml, ownedBy } from "./domain-xml.ts";
 import { run } from "./exec.ts";
 import { detectDomainType, diskGib } from "./host.ts";
-import { ImageCache, imageInfo, refuseReferences } from "./images.ts";
+import { ImageCache, type ImageSources, imageInfo, refuseReferences } from "./images.ts";
 import { clearSaving, markSaving, readSaving, type Saving, savedPower, seal, snapshotPaths } from "./snapshots.ts";
+import { CrashWatch, powerOf } from "./states.ts";
 
 /**
  * The `libvirt-kvm` runtime: real virtual machines through libvirt and QEMU, over the Node bindings
@@ -32,6 +33,8 @@ export interface LibvirtOptions {
   shutdownTimeoutMs?: number;
   /** The GPUs this host offers for passthrough, by model and PCI address. */
   gpus?: Capacity["gpus"];
+  /** Where base images may be fetched from beyond public https (the operator's allowances), and the fetch's bounds. */
+  imageSources?: ImageSources;
 }
 
 // What the binding exposes, as far as this runtime uses it.
@@ -59,8 +62,6 @@ export interface Hypervisor {
   nodeGetInfo(): Promise<{ cpus: number; memory: number }>;
 }
 
-// virDomainState: 1 running, 2 blocked, 3 paused, 4 shutting down, 5 shut off, 6 crashed, 7 pm-suspended.
-const powerOf = (state: number): DomainStatus["state"] => (state === 3 || state === 7 ? "paused" : state === 5 || state === 6 ? "stopped" : "running");
 const isInstance = (name: string) => /^inst_[a-z2-7]+$/.test(name);
 
 /** A connection to libvirtd through the optional binding; a clear RuntimeError where it was not built. */
@@ -88,8 +89,10 @@ export async function writeSeedIso(spec: InstanceSpec, iso: string): Promise<voi
   const tmp = await mkdtemp(join(dirname(iso), "seed-"));
   try {
     const files = renderSeed(spec);
-    for (const [name, body] of Object.entries(files)) await writeFile(join(tmp, name), body);
+    for (const [name, body] of Object.entries(files)) await writeFile(join(tmp, name), body, { mode: PRIVATE_FILE });
     await run("genisoimage", ["-quiet", "-output", iso, "-volid", "cidata", "-joliet", "-rock", ...Object.keys(files).map((f) => join(tmp, f))]);
+    // The seed holds the owner's user data: the host's alone (libvirt hands it to QEMU's user at start).
+    await chmod(iso, PRIVATE_FILE);
   } finally {
     await rm(tmp, { recursive: true, force: true });
   }
@@ -99,6 +102,11 @@ export async function createLibvirtRuntime(o: LibvirtOptions): Promise<Runtime &
   const hv = await openLibvirt(o.uri);
   const stateDir = resolve(o.stateDir);
   await mkdir(join(stateDir, "instances"), { recursive: true });
+  // QEMU runs as its own user and must reach each instance's disk and seed: these directories let it (and
+  // anyone) pass through without listing them; the files in them are the owner's (libvirt hands each disk to
+  // QEMU's user while its domain runs).
+  for (const d of [stateDir, join(stateDir, "instances")]) await chmod(d, PASS_THROUGH_DIR);
+  sweepTemporaries(stateDir);
   // Who this runtime is, kept with its state: several agents (or other tools) may share one libvirtd, and a
   // domain another one made is never listed, reported as an orphan or removed here.
   const ownerFile = join(stateDir, "owner");
@@ -123,6 +131,7 @@ class LibvirtRuntime implements Runtime, LibvirtRuntimeExtras {
   private readonly disks = new Map<string, number>();
   /** Whether a domain (by name) is this runtime's; a name's owner never changes while it exists. */
   private readonly owned = new Map<string, boolean>();
+  private readonly crashes = new CrashWatch();
 
   constructor(
     private readonly hv: Hypervisor,
@@ -130,7 +139,7 @@ class LibvirtRuntime implements Runtime, LibvirtRuntimeExtras {
     readonly domainType: DomainType,
     private readonly owner: string,
   ) {
-    this.images = new ImageCache(join(o.stateDir, "images"));
+    this.images = new ImageCache(join(o.stateDir, "images"), o.imageSources);
   }
 
   private dir(id: string): string {
@@ -154,7 +163,7 @@ class LibvirtRuntime implements Runtime, LibvirtRuntimeExtras {
       const info = await this.libvirt(() => this.hv.domainGetInfo(d));
       out.push({
         id: name,
-        state: powerOf(info.state),
+        state: await this.crashes.seen(name, info.state, this.o.uri ?? "qemu:///system"),
         shape: { vcpus: info.nrVirtCpu, memoryMib: Math.floor(info.maxMem / 1024), diskGib: await this.diskOf(name) },
         addresses: [],
       });
@@ -166,8 +175,10 @@ class LibvirtRuntime implements Runtime, LibvirtRuntimeExtras {
     const dir = this.dir(spec.id);
     if (await this.lookup(spec.id)) return;
     if (spec.image.format === "iso") throw new RuntimeError("installing from an ISO image is not supported by libvirt-kvm yet", false);
-    const base = await this.images.get(spec.image);
+    // No base larger than the instance's own disk: a tenant's URL must not fill the host.
+    const base = await this.images.get(spec.image, spec.diskGib * 2 ** 30);
     await mkdir(dir, { recursive: true });
+    await chmod(dir, PASS_THROUGH_DIR);
     const paths = { overlay: this.overlayPath(spec.id), seed: join(dir, "seed.iso"), console: this.consolePath(spec.id) };
     if (!existsSync(paths.overlay)) await makeOverlay(base, spec.image.format, paths.overlay, spec.diskGib);
     await writeSeedIso(spec, paths.seed);
@@ -180,12 +191,17 @@ class LibvirtRuntime implements Runtime, LibvirtRuntimeExtras {
   async start(id: string): Promise<void> {
     const d = await this.must(id);
     await this.settle(id, d, true);
-    if ((await this.power(d)) === "stopped") await this.libvirt(() => this.hv.domainCreate(d));
+    this.crashes.clear(id);
+    const now = await this.power(d);
+    // A guest kept crashed (on_crash=preserve) still has its QEMU: that one goes before the guest boots afresh.
+    if (now === "crashed") await this.libvirt(() => this.hv.domainDestroy(d));
+    if (now === "stopped" || now === "crashed") await this.libvirt(() => this.hv.domainCreate(d));
   }
 
   async stop(id: string): Promise<void> {
     const d = await this.must(id);
     await this.settle(id, d, false);
+    this.crashes.clear(id);
     const now = await this.power(d);
     if (now === "stopped") return;
     // A paused guest cannot answer the power button; a running one gets a bounded chance to shut down cleanly.
@@ -234,6 +250,7 @@ class LibvirtRuntime implements Runtime, LibvirtRuntimeExtras {
     await rm(this.dir(id), { recursive: true, force: true });
     this.disks.delete(id);
     this.owned.delete(id);
+    this.crashes.clear(id);
   }
 
   /**
@@ -246,7 +263,7 @@ class LibvirtRuntime implements Runtime, LibvirtRuntimeExtras {
     await this.settle(id, d, true);
     if (existsSync(final)) return { sizeBytes: await bytesIn(final) };
     const power = await this.power(d);
-    if (power === "stopped") throw new RuntimeError(`${id} is not running: no memory to save`, false);
+    if (power !== "running" && power !== "paused") throw new RuntimeError(`${id} is not running: no memory to save`, false);
     await rm(partial, { recursive: true, force: true });
     await mkdir(partial, { recursive: true });
     await markSaving(this.dir(id), { snapshotId, power });
