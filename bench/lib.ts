@@ -98,7 +98,10 @@ export async function closedLoop(clients: number, seconds: number, call: (client
 export async function benchPlatform(opts: {
   poolSize: number;
   env?: Record<string, string>;
+  /** The embedded mode (`bc dev`): PGlite in memory, in-memory bus and jobs; no PostgreSQL or Redis. */
+  embedded?: boolean;
 }): Promise<{ platform: Platform; operatorToken: string; close(): Promise<void> }> {
+  if (opts.embedded) return embeddedPlatform(opts.env);
   const db = await scratchDatabase("bc_bench");
   const database = await openDatabase({ databaseUrl: db.url, poolSize: opts.poolSize });
   await database.session((sql) => migrate(sql));
@@ -126,6 +129,16 @@ export async function benchPlatform(opts: {
   };
 }
 
+async function embeddedPlatform(env: Record<string, string> = {}) {
+  const operatorToken = randomBytes(20).toString("hex");
+  const config = parseConfig(
+    {},
+    { BC_DATA_DIR: "memory://", OPERATOR_TOKEN: operatorToken, SEAL_KEY: randomBytes(32).toString("base64"), LOG_LEVEL: "error", ...env },
+  );
+  const platform = await openPlatform(config, { embedded: true });
+  return { platform, operatorToken, close: () => platform.close() };
+}
+
 /**
  * The whole API on a bench platform, ready for hosts to join: server and worker in this process, a hosted
  * pool with one `tiny` flavor and one public image, and a tenant with its client. `close` stops and drops it all.
@@ -133,11 +146,12 @@ export async function benchPlatform(opts: {
 export async function benchApi(opts: {
   poolSize: number;
   env?: Record<string, string>;
+  embedded?: boolean;
   ipv4Range: string;
   tiny: { vcpus: number; memoryMib: number; diskGib: number };
   image: { source: string; sha256: string };
 }) {
-  const { platform, operatorToken, close } = await benchPlatform({ poolSize: opts.poolSize, env: opts.env });
+  const { platform, operatorToken, close } = await benchPlatform({ poolSize: opts.poolSize, env: opts.env, embedded: opts.embedded });
   const app = await startServer(platform, { port: 0, host: "127.0.0.1" });
   const worker = await startWorker(platform);
   const op = bc.createClient({ url: app.url, token: operatorToken });
@@ -153,6 +167,7 @@ export async function benchApi(opts: {
     imageId: image.id,
     tenantToken: createApiToken.token,
     tenant: bc.createClient({ url: app.url, token: createApiToken.token }),
+    operator: op,
     joinToken: async () => (await op.request(bc.CreateJoinTokenDocument, { poolId: pool.id })).createJoinToken.token,
     /** Placement needs each node's capacity, which arrives with its agent's first report. */
     async hostsReported(count: number) {

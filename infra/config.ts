@@ -34,12 +34,15 @@ export interface ConfigFile {
     commandTimeoutMs?: number;
   };
   live?: { bufferEvents?: number; keepAliveMs?: number; reauthMs?: number; pollMs?: number };
+  limits?: Partial<Config["limits"]>;
   vps?: {
     runtimes?: string[];
     providers?: ProviderDefinition[];
     images?: ImageResolver;
     secrets?: SecretResolver;
     hostNetwork?: string;
+    /** Registering images: https only unless `allowHttp` (a mirror on the operator's network). */
+    imageSources?: { allowHttp?: boolean };
   };
 }
 export const defineConfig = (c: ConfigFile): ConfigFile => c;
@@ -105,6 +108,29 @@ const schema = z.object({
       pollMs: z.coerce.number().int().min(10).default(1000),
     })
     .prefault({}),
+  /** What one request, and one credential, may cost (docs/architecture.md, Limits). */
+  limits: z
+    .object({
+      /** Nesting of selections in one operation. */
+      depth: z.coerce.number().int().min(1).default(10),
+      /** Aliased fields in one operation. */
+      aliases: z.coerce.number().int().min(0).default(15),
+      /** Lexical tokens in one document: a larger document is refused while it is parsed. */
+      tokens: z.coerce.number().int().min(100).default(1000),
+      directives: z.coerce.number().int().min(0).default(20),
+      /** Cost budget of one operation: every field 1, what a list holds counted as many times as its size (`first`, else 10). */
+      cost: z.coerce.number().int().min(1).default(50_000),
+      /** Mutations in one request (the SDK sends one). */
+      mutations: z.coerce.number().int().min(1).default(5),
+      /** Points each credential (anonymous callers: each address) may spend per window; a request costs 1 + cost/1000. 0: no rate limit. */
+      ratePoints: z.coerce.number().int().min(0).default(600),
+      rateWindowSeconds: z.coerce.number().int().min(1).default(10),
+      /** PostgreSQL connections API work may hold at once (it has a pool of its own; host work keeps the main pool). */
+      apiConnections: z.coerce.number().int().min(1).default(8),
+      /** A statement of API work running longer is cancelled (PostgreSQL). 0: no limit. */
+      apiStatementTimeoutMs: z.coerce.number().int().min(0).default(10_000),
+    })
+    .prefault({}),
   vps: z
     .object({
       runtimes: z.array(runtimeId).min(1, "at least one runtime").default(["libvirt-kvm"]),
@@ -124,6 +150,7 @@ const schema = z.object({
         .string()
         .regex(/^[A-Za-z0-9_.-]{1,15}$/, "an interface name of 1 to 15 letters, digits, _ . -")
         .default("br0"),
+      imageSources: z.object({ allowHttp: z.union([z.boolean(), z.stringbool()], { error: "must be true or false" }).default(false) }).prefault({}),
     })
     .prefault({}),
 });
@@ -164,7 +191,25 @@ export function readEnv(env: NodeJS.ProcessEnv): Record<string, unknown> {
       commandTimeoutMs: env.HOST_COMMAND_TIMEOUT_MS,
     }),
     live: prune({ bufferEvents: env.LIVE_BUFFER_EVENTS, keepAliveMs: env.WS_KEEPALIVE_MS, reauthMs: env.LIVE_REAUTH_MS, pollMs: env.LIVE_POLL_MS }),
-    vps: prune({ runtimes: list(env.VPS_RUNTIMES), providers, hostNetwork: env.VPS_HOST_NETWORK }),
+    limits: prune({
+      depth: env.LIMIT_DEPTH,
+      aliases: env.LIMIT_ALIASES,
+      tokens: env.LIMIT_TOKENS,
+      directives: env.LIMIT_DIRECTIVES,
+      cost: env.LIMIT_COST,
+      mutations: env.LIMIT_MUTATIONS,
+      ratePoints: env.LIMIT_RATE_POINTS,
+      rateWindowSeconds: env.LIMIT_RATE_WINDOW_S,
+      apiConnections: env.LIMIT_API_CONNECTIONS,
+      apiStatementTimeoutMs: env.LIMIT_API_STATEMENT_TIMEOUT_MS,
+    }),
+    vps: prune({
+      runtimes: list(env.VPS_RUNTIMES),
+      providers,
+      hostNetwork: env.VPS_HOST_NETWORK,
+      // The agent reads the same variable: on one machine, one setting allows http on both sides.
+      imageSources: prune({ allowHttp: env.IMAGE_SOURCE_HTTP }),
+    }),
   });
 }
 
@@ -182,6 +227,7 @@ export function parseConfig(file: ConfigFile = {}, env: NodeJS.ProcessEnv = {}):
     ...fromEnv,
     hosts: { ...file.hosts, ...(fromEnv.hosts as object | undefined) },
     live: { ...file.live, ...(fromEnv.live as object | undefined) },
+    limits: { ...file.limits, ...(fromEnv.limits as object | undefined) },
     vps: { ...file.vps, ...(fromEnv.vps as object | undefined) },
   };
   const result = schema.safeParse(merged);

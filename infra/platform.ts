@@ -36,6 +36,14 @@ export interface Platform {
   write<T>(opts: WriteOptions, fn: (w: Write) => Promise<T>): Promise<T>;
   /** Reads outside a transaction. */
   read<T>(fn: (sql: Sql) => Promise<T>): Promise<T>;
+  /**
+   * The platform for work an API caller (a tenant, an operator, an anonymous address) asked for: its reads and
+   * writes wait behind host work and take turns with other callers (infra/db/lanes.ts). Host work — the host
+   * gateway, the reconciler, the sweep — uses the platform itself.
+   */
+  api(caller: string): Platform;
+  /** `bc dev`: the one-process development platform (anonymous callers may introspect the schema). */
+  dev: boolean;
   close(): Promise<void>;
 }
 
@@ -62,6 +70,7 @@ export async function openPlatform(config: Config, opts: PlatformOptions = {}): 
     (await openDatabase({
       databaseUrl: config.databaseUrl,
       dataDir: config.dataDir,
+      api: { connections: config.limits.apiConnections, statementTimeoutMs: config.limits.apiStatementTimeoutMs },
       onIdleError: (e) => log.warn("idle database connection lost", { err: e.message }),
     }));
   await db.session((sql) => migrate(sql));
@@ -85,22 +94,13 @@ export async function openPlatform(config: Config, opts: PlatformOptions = {}): 
     }
   }
 
-  return {
-    config,
-    db,
-    bus,
-    jobs,
-    sealer: sealer(sealKey),
-    images,
-    ids,
-    now,
-    log,
-    operatorToken,
-    drivers: { images, runtimes: config.vps.runtimes, maxRecreateAttempts: config.hosts.maxRecreateAttempts },
-    async write(wopts, fn) {
+  /** The write path on `on`: the database itself (host work) or an API caller's share of it. */
+  const writeOn =
+    (on: Pick<Database, "transaction">): Platform["write"] =>
+    async (wopts, fn) => {
       for (let attempt = 1; ; attempt++) {
         try {
-          const [result, w] = await db.transaction(async (sql) => {
+          const [result, w] = await on.transaction(async (sql) => {
             const w = new Write(sql, ids, now(), wopts);
             const result = await fn(w);
             await finishWrite(w);
@@ -115,12 +115,32 @@ export async function openPlatform(config: Config, opts: PlatformOptions = {}): 
           throw e;
         }
       }
-    },
+    };
+
+  const platform: Platform = {
+    config,
+    db,
+    bus,
+    jobs,
+    sealer: sealer(sealKey),
+    images,
+    ids,
+    now,
+    log,
+    operatorToken,
+    dev: embedded,
+    drivers: { images, runtimes: config.vps.runtimes, maxRecreateAttempts: config.hosts.maxRecreateAttempts },
+    write: writeOn(db),
     read: (fn) => db.read(fn),
+    api(caller) {
+      const share = db.api(caller);
+      return { ...platform, read: (fn) => share.read(fn), write: writeOn(share) };
+    },
     async close() {
       await jobs.close();
       await bus.close();
       await db.close();
     },
   };
+  return platform;
 }

@@ -125,7 +125,9 @@ export type NodeState =
   /** Keeps its instances, takes no new ones. */
   | 'CORDONED'
   | 'LOST'
-  | 'READY';
+  | 'READY'
+  /** Its agent lacks the pool's runtime and converges nothing of it; takes no new instances. */
+  | 'REFUSING';
 
 export type PoolClass =
   /** VMs on an external cloud through a provider account. */

@@ -1,6 +1,6 @@
 import { randomUUID } from "node:crypto";
 import { createServer, type Server } from "node:http";
-import type { ExecutionResult, GraphQLError } from "graphql";
+import { type ExecutionResult, GraphQLError } from "graphql";
 import { useServer } from "graphql-ws/use/ws";
 import { createYoga, type Plugin } from "graphql-yoga";
 import { WebSocketServer } from "ws";
@@ -10,6 +10,7 @@ import type { Principal } from "../core/auth/principal.ts";
 import type { Platform } from "../infra/platform.ts";
 import type { Context } from "./context.ts";
 import { asInvalidInput, toClientError } from "./errors.ts";
+import { credentialChecker, openLimits, overLimit } from "./limits/index.ts";
 import { type OpenSources, subscribeShared } from "./live/execute.ts";
 import { CloseCode, type LiveConnection, LiveHub } from "./live/hub.ts";
 import { schema } from "./schema/index.ts";
@@ -47,6 +48,19 @@ const invalidInputCodes: Plugin = {
   }),
 };
 
+/**
+ * Yoga's own refusals of a request it cannot read (malformed JSON, a batch, a mutation over GET, a syntax error)
+ * carry codes outside the contract (contracts/errors.ts): they are bad input, and say what was wrong with it.
+ */
+function withContractCode(e: GraphQLError): GraphQLError {
+  const code = e.extensions?.code;
+  if (code !== "BAD_REQUEST" && code !== "GRAPHQL_PARSE_FAILED") return e;
+  const { originalError, ...extensions } = e.extensions as { originalError?: { message?: string } };
+  const detail = originalError?.message ? `: ${originalError.message}` : "";
+  const hint = /batch/i.test(e.message) ? " Send one operation per request." : "";
+  return new GraphQLError(`${e.message.replace(/\.$/, "")}${detail}.${hint}`, { path: e.path, extensions: { ...extensions, code: "INVALID_INPUT" } });
+}
+
 export async function startServer(platform: Platform, opts: { port?: number; host?: string } = {}): Promise<App> {
   const counters = { requests: 0 };
   const sources: OpenSources = { count: 0 };
@@ -57,12 +71,13 @@ export async function startServer(platform: Platform, opts: { port?: number; hos
       throw e;
     }),
   );
+  const limits = await openLimits(platform);
   const yoga = createYoga<{ requestId?: string }, Context>({
     schema,
     graphqlEndpoint: "/graphql",
     landingPage: false,
     graphiql: { title: "Better Compute" },
-    plugins: [invalidInputCodes],
+    plugins: [...limits.plugins, invalidInputCodes],
     // Refusals are answers, not faults: yoga's own logging would print each one; ours logs the unexpected.
     logging: {
       debug: () => {},
@@ -75,12 +90,13 @@ export async function startServer(platform: Platform, opts: { port?: number; hos
       if (!request) return { platform, principal: null, requestId: randomUUID() };
       const requestId = request.headers.get("x-request-id") ?? randomUUID();
       counters.requests++;
-      return { platform, principal: await principalFor(platform, request.headers.get("authorization")), requestId };
+      const authorization = request.headers.get("authorization");
+      return { platform, principal: await principalFor(credentialChecker(platform, authorization), authorization), requestId };
     },
     maskedErrors: {
       maskError: (error) => {
         const requestId = ((error as GraphQLError).extensions?.requestId as string | undefined) ?? randomUUID();
-        return toClientError(error, platform.log, requestId);
+        return overLimit(error, platform.config.limits) ?? withContractCode(toClientError(error, platform.log, requestId));
       },
     },
   });
@@ -215,6 +231,7 @@ export async function startServer(platform: Platform, opts: { port?: number; hos
         server.closeIdleConnections();
         setTimeout(() => server.closeAllConnections(), 5000).unref();
       });
+      await limits.close();
     },
   };
 }

@@ -1,10 +1,12 @@
 import { createHash } from "node:crypto";
-import { mkdirSync } from "node:fs";
+import { chmodSync, mkdirSync } from "node:fs";
 import { resolve } from "node:path";
 import { PGlite } from "@electric-sql/pglite";
 import pg from "pg";
 import type { Reader, Sql } from "../../core/kernel/db.ts";
 import type { PrismaClient } from "../../prisma/generated/client.ts";
+import { ownerOnly } from "../data-dir.ts";
+import { Gate, hostLane, type Lane } from "./lanes.ts";
 
 /** Plain SQL beside Prisma: migrations need multi-statement scripts, which prepared statements refuse. */
 export interface SqlRunner {
@@ -26,6 +28,11 @@ export interface Database extends Reader {
   transaction<T>(fn: (sql: Sql) => Promise<T>): Promise<T>;
   /** Run `fn` on one connection: session state (advisory locks, BEGIN … COMMIT) stays on it. */
   session<T>(fn: (sql: SqlRunner) => Promise<T>): Promise<T>;
+  /**
+   * The same database for work an API caller asked for: it waits behind host work and takes its turn among
+   * other callers (infra/db/lanes.ts); on PostgreSQL it runs on connections of its own, under a statement timeout.
+   */
+  api(caller: string): Reader & Pick<Database, "transaction">;
   close(): Promise<void>;
 }
 
@@ -49,6 +56,8 @@ export interface DatabaseOptions {
   databaseUrl?: string;
   dataDir?: string;
   poolSize?: number;
+  /** API work's share (PostgreSQL): connections it may hold at once, and how long one statement may run (0: no limit). */
+  api?: { connections: number; statementTimeoutMs: number };
   onIdleError?: (e: Error) => void;
   /** Load the generated Prisma client too (tests and tools that inspect rows); the platform never does. */
   prisma?: boolean;
@@ -62,27 +71,31 @@ export async function openDatabase(opts: DatabaseOptions): Promise<Database> {
     // replaces it on the next checkout. Without a listener, node-postgres would crash the whole process.
     pool.on("error", (e) => opts.onIdleError?.(e));
     const prisma = opts.prisma ? await (await import("./prisma.ts")).prismaOnPg(pool) : null;
+    // API work has a pool of its own, so host work always finds a connection; the gate in front of it takes
+    // callers in turn (the pool's own queue would serve them in arrival order, one flood ahead of everyone).
+    const api = opts.api ?? { connections: 8, statementTimeoutMs: 10_000 };
+    const gate = new Gate(api.connections, false);
+    let apiPool: pg.Pool | null = null;
+    const apiConnections = () => {
+      if (!apiPool) {
+        apiPool = new pg.Pool({ connectionString: opts.databaseUrl, max: api.connections, statement_timeout: api.statementTimeoutMs || undefined });
+        apiPool.on("error", (e) => opts.onIdleError?.(e));
+      }
+      return apiPool;
+    };
     return {
       kind: "postgres",
       get prisma() {
         return needPrisma(prisma);
       },
-      read: (fn) => fn({ query: async <T>(text: string, params?: readonly unknown[]) => (await pool.query(prepared(text, params))).rows as T[] }),
-      transaction: async (fn) => {
-        const client = await pool.connect();
-        try {
-          await client.query("BEGIN");
-          const result = await fn({
-            query: async <T>(text: string, params?: readonly unknown[]) => (await client.query(prepared(text, params))).rows as T[],
-          });
-          await client.query("COMMIT");
-          return result;
-        } catch (e) {
-          await client.query("ROLLBACK").catch(() => {});
-          throw e;
-        } finally {
-          client.release();
-        }
+      read: (fn) => fn(pgQuery(pool)),
+      transaction: (fn) => pgTransaction(pool, fn),
+      api: (caller) => {
+        const lane: Lane = { kind: "api", caller };
+        return {
+          read: (fn) => fn({ query: (text, params) => gate.run(lane, () => pgQuery(apiConnections()).query(text, params)) }),
+          transaction: (fn) => gate.run(lane, () => pgTransaction(apiConnections(), fn)),
+        };
       },
       session: async (fn) => {
         const client = await pool.connect();
@@ -99,36 +112,82 @@ export async function openDatabase(opts: DatabaseOptions): Promise<Database> {
       },
       close: async () => {
         await prisma?.$disconnect();
+        await (apiPool as pg.Pool | null)?.end();
         await pool.end();
       },
     };
   }
   const dir = opts.dataDir === "memory://" || !opts.dataDir ? undefined : resolve(opts.dataDir, "pglite");
-  if (dir) mkdirSync(dir, { recursive: true });
+  if (dir) {
+    // The embedded database holds everything, sealed data and token hashes included: the owner's alone, also
+    // when an older version made the directory with wider modes.
+    mkdirSync(dir, { recursive: true, mode: 0o700 });
+    chmodSync(resolve(opts.dataDir as string), 0o700);
+  }
   const lite = new PGlite(dir);
   await lite.waitReady;
+  // PGlite's file layer makes its files 0666 whatever the umask: they sit in 0700 directories, and are made
+  // the owner's alone when the database opens and closes.
+  if (dir) ownerOnly(dir);
   const prisma = opts.prisma ? await (await import("./prisma.ts")).prismaOnPglite(lite) : null;
-  const query = async <T>(text: string, params?: readonly unknown[]) => (await lite.query<T>(text, params as unknown[])).rows;
+  // One connection: every statement and transaction takes the one slot, host work first (infra/db/lanes.ts).
+  // A statement cannot be cancelled here; what bounds API work is the request limits (server/limits/).
+  const gate = new Gate(1, true);
+  const liteRead =
+    (lane: Lane): Reader["read"] =>
+    (fn) =>
+      fn({ query: (text, params) => gate.run(lane, async () => (await lite.query(text, params as unknown[])).rows as never) });
+  const liteTransaction =
+    (lane: Lane): Database["transaction"] =>
+    (fn) =>
+      gate.run(lane, () =>
+        lite.transaction((tx) => fn({ query: async <T>(text: string, params?: readonly unknown[]) => (await tx.query<T>(text, params as unknown[])).rows })),
+      );
   return {
     kind: "pglite",
     get prisma() {
       return needPrisma(prisma);
     },
-    read: (fn) => fn({ query }),
-    transaction: (fn) =>
-      lite.transaction((tx) => fn({ query: async <T>(text: string, params?: readonly unknown[]) => (await tx.query<T>(text, params as unknown[])).rows })),
+    read: liteRead(hostLane),
+    transaction: liteTransaction(hostLane),
+    api: (caller) => {
+      const lane: Lane = { kind: "api", caller };
+      return { read: liteRead(lane), transaction: liteTransaction(lane) };
+    },
     session: (fn) =>
-      fn({
-        exec: async (sql) => {
-          await lite.exec(sql);
-        },
-        query: async <T>(sql: string, params?: unknown[]) => (await lite.query<T>(sql, params)).rows,
-      }),
+      gate.run(hostLane, () =>
+        fn({
+          exec: async (sql) => {
+            await lite.exec(sql);
+          },
+          query: async <T>(sql: string, params?: unknown[]) => (await lite.query<T>(sql, params)).rows,
+        }),
+      ),
     close: async () => {
       await prisma?.$disconnect();
       await lite.close();
+      if (dir) ownerOnly(dir);
     },
   };
+}
+
+const pgQuery = (pool: pg.Pool): Sql => ({
+  query: async <T>(text: string, params?: readonly unknown[]) => (await pool.query(prepared(text, params))).rows as T[],
+});
+
+async function pgTransaction<T>(pool: pg.Pool, fn: (sql: Sql) => Promise<T>): Promise<T> {
+  const client = await pool.connect();
+  try {
+    await client.query("BEGIN");
+    const result = await fn({ query: async <R>(text: string, params?: readonly unknown[]) => (await client.query(prepared(text, params))).rows as R[] });
+    await client.query("COMMIT");
+    return result;
+  } catch (e) {
+    await client.query("ROLLBACK").catch(() => {});
+    throw e;
+  } finally {
+    client.release();
+  }
 }
 
 function needPrisma(p: PrismaClient | null): PrismaClient {

@@ -1,4 +1,5 @@
 import SchemaBuilder from "@pothos/core";
+import ComplexityPlugin from "@pothos/plugin-complexity";
 import { GraphQLError, Kind } from "graphql";
 import type { Context } from "../context.ts";
 
@@ -9,7 +10,14 @@ export const builder = new SchemaBuilder<{
     DateTime: { Input: Date; Output: Date };
     JSON: { Input: unknown; Output: unknown };
   };
-}>({ defaultFieldNullability: false });
+}>({
+  defaultFieldNullability: false,
+  plugins: [ComplexityPlugin],
+  // Each field's cost, for the budget of server/limits/: 1, and a list's items count as many times as it holds
+  // (10 unless the field says, as a page does with `first`). The budget is checked before execution, with the
+  // request's variables, so the plugin's own check while resolving is off.
+  complexity: { defaultComplexity: 1, defaultListMultiplier: 10, disabled: true },
+});
 
 builder.queryType({});
 builder.mutationType({});

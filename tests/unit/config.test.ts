@@ -43,11 +43,20 @@ describe("config", () => {
     [{}, { DATABASE_URL: "mysql://x" }, "databaseUrl"],
     [{}, { SEAL_KEY: "c2hvcnQ=" }, "sealKey"],
     [{ vps: { images: {} } }, {}, "vps.images"],
+    [{}, { LIMIT_ALIASES: "-1" }, "limits.aliases"],
+    [{ limits: { cost: 0 } }, {}, "limits.cost"],
+    [{}, { LIMIT_API_CONNECTIONS: "0" }, "limits.apiConnections"],
   ] as const)("refuses %j %j at %s", (file, env, path) => {
     const e = configError(() => parseConfig(file as never, env as never));
     expect(e.code).toBe("INVALID_CONFIG");
     expect(e.details.path).toBe(path);
     expect(e.message).toContain(path);
+  });
+  it("bounds what a request may cost by default, and takes the operator's limits from the file and the environment", () => {
+    const d = parseConfig().limits;
+    expect(d).toMatchObject({ depth: 10, aliases: 15, tokens: 1000, mutations: 5, cost: 50_000, ratePoints: 600, rateWindowSeconds: 10 });
+    const c = parseConfig({ limits: { aliases: 30, mutations: 2 } }, { LIMIT_ALIASES: "40", LIMIT_RATE_POINTS: "0", LIMIT_API_STATEMENT_TIMEOUT_MS: "2500" });
+    expect(c.limits).toMatchObject({ aliases: 40, mutations: 2, ratePoints: 0, apiStatementTimeoutMs: 2500, depth: 10 });
   });
   it("accepts a custom provider definition and image resolver", () => {
     const mine = defineProvider({ id: "my-cloud", displayName: "Mine", accountConfig: z.object({ region: z.string() }) });

@@ -1,0 +1,102 @@
+import type { IncomingMessage } from "node:http";
+import { createComplexityRule } from "@pothos/plugin-complexity";
+import { type DocumentNode, type ExecutionArgs, GraphQLError, getOperationAST, Kind, type SelectionSetNode, validate } from "graphql";
+import type { Plugin } from "graphql-yoga";
+import type { Platform } from "../../infra/platform.ts";
+import type { Context } from "../context.ts";
+import { limitError } from "./document.ts";
+import type { Rates } from "./rates.ts";
+
+/**
+ * Limits that depend on the request as it will run — its variables and who sends it — checked just before
+ * execution, over HTTP and websockets alike: the cost budget, mutations per request and the caller's rate.
+ * Then the request's database work is put in its lane: host work as it is, everything else as its caller's
+ * share of the API lane (infra/db/lanes.ts).
+ */
+
+/** The one operation an agent sends before it has a node credential: it is host work too. */
+const HOST_FIELDS = new Set(["joinNode"]);
+/** Budget points a request spends: 1, and 1 more per 1,000 of its cost. */
+const COST_PER_POINT = 1000;
+
+type RequestContext = Context & { req?: IncomingMessage; request?: Request };
+
+export function requestLimits(platform: Platform, rates: Rates): Plugin<RequestContext> {
+  const { limits } = platform.config;
+  return {
+    onExecute: async ({ args, extendContext, setResultAndStopExecution }) => {
+      const ctx = args.contextValue;
+      const op = getOperationAST(args.document, args.operationName);
+      // No single operation to run: execution itself says why.
+      if (!op) return;
+      const refuse = (error: GraphQLError) => setResultAndStopExecution({ errors: [error] });
+      const fields = rootFields(args.document, op.selectionSet).filter((f) => !f.startsWith("__"));
+      if (op.operation === "mutation" && fields.length > limits.mutations) {
+        return refuse(limitError(`${fields.length} mutations in one request; at most ${limits.mutations}`, "mutations"));
+      }
+      const cost = costOf(args);
+      if (cost > limits.cost) {
+        return refuse(limitError(`this request costs ${cost}, over the budget of ${limits.cost}: ask for fewer items (first) or fewer fields`, "cost"));
+      }
+      // Host credentials answer to no tenant's budget: their traffic is what the platform runs on.
+      if (ctx.principal?.nodeId) return;
+      const caller = callerOf(ctx);
+      const over = await rates.take(caller, 1 + Math.floor(cost / COST_PER_POINT));
+      if (over) return refuse(rateLimited(over.retryAfterMs, limits, Boolean(ctx.request)));
+      if (!ctx.principal && fields.every((f) => HOST_FIELDS.has(f))) return;
+      extendContext({ platform: platform.api(caller) });
+    },
+  };
+}
+
+/** Whose budget a request spends: its credential's, the bootstrap operator's, or (anonymous) its address's. */
+export function callerOf(ctx: RequestContext): string {
+  const p = ctx.principal;
+  if (p) return p.credential?.key ?? `identity:${p.identityId}`;
+  return `addr:${ctx.req?.socket.remoteAddress ?? "unknown"}`;
+}
+
+function rateLimited(retryAfterMs: number, limits: Platform["config"]["limits"], http: boolean): GraphQLError {
+  const seconds = Math.ceil(retryAfterMs / 1000);
+  return new GraphQLError(
+    `rate limited: this credential spent its ${limits.ratePoints} points of ${limits.rateWindowSeconds} s (a request costs 1 point, and 1 more per ${COST_PER_POINT} of its cost); retry in ${seconds} s (the server's limits.ratePoints)`,
+    {
+      extensions: {
+        code: "RATE_LIMITED",
+        retryAfterMs,
+        ...(http ? { http: { status: 429, headers: { "Retry-After": String(seconds) } } } : {}),
+      },
+    },
+  );
+}
+
+/** The operation's cost with its variables (server/schema/builder.ts says what each field costs). */
+function costOf(args: ExecutionArgs): number {
+  let cost = 0;
+  const rule = createComplexityRule({
+    context: args.contextValue as object,
+    variableValues: (args.variableValues ?? {}) as Record<string, unknown>,
+    operationName: args.operationName,
+    onResult: (r) => {
+      cost = Math.max(cost, r.complexity);
+    },
+  });
+  // Variables that do not fit report errors here and leave the cost at 0: execution refuses them itself.
+  validate(args.schema, args.document, [rule]);
+  return cost;
+}
+
+/** The root fields an operation selects, through its fragments. */
+function rootFields(document: DocumentNode, set: SelectionSetNode, seen = new Set<string>()): string[] {
+  const names: string[] = [];
+  for (const s of set.selections) {
+    if (s.kind === Kind.FIELD) names.push(s.name.value);
+    else if (s.kind === Kind.INLINE_FRAGMENT) names.push(...rootFields(document, s.selectionSet, seen));
+    else if (!seen.has(s.name.value)) {
+      seen.add(s.name.value);
+      const fragment = document.definitions.find((d) => d.kind === Kind.FRAGMENT_DEFINITION && d.name.value === s.name.value);
+      if (fragment?.kind === Kind.FRAGMENT_DEFINITION) names.push(...rootFields(document, fragment.selectionSet, seen));
+    }
+  }
+  return names;
+}
