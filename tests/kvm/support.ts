@@ -19,17 +19,17 @@ export async function sh(cmd: string, args: string[]): Promise<string> {
 export const virsh = (...args: string[]) => sh("virsh", ["-c", "qemu:///system", ...args]);
 
 /**
- * The suite needs a real libvirtd and QEMU: without them it fails, loudly, naming what is missing (.ci/run
+ * The suite needs a real libvirtd and QEMU: without them it fails, loudly, naming what is missing (npm test
  * installs and starts them). It never skips.
  */
 export async function requireHypervisor(): Promise<void> {
   for (const tool of ["virsh", "qemu-img", "genisoimage", "debugfs", "ip"]) {
     await sh("sh", ["-c", `command -v ${tool}`]).catch(() => {
-      throw new Error(`tests/kvm needs ${tool} on this machine (.ci/run installs it)`);
+      throw new Error(`tests/kvm needs ${tool} on this machine (npm test installs it: scripts/test-setup.sh)`);
     });
   }
   await virsh("version").catch((e: Error) => {
-    throw new Error(`tests/kvm needs a running libvirtd reachable at qemu:///system (.ci/run starts it): ${e.message}`);
+    throw new Error(`tests/kvm needs a running libvirtd reachable at qemu:///system (npm test starts it: scripts/test-setup.sh): ${e.message}`);
   });
   const hv = await openLibvirt().catch((e: Error) => {
     throw new Error(`tests/kvm needs the @unraid/libvirt binding built (npm ci with libvirt-dev installed): ${e.message}`);
