@@ -66,11 +66,20 @@ if ! pgrep -x libvirtd >/dev/null; then
 fi
 wait_for libvirtd 90 virsh -c qemu:///system version
 
-# The libvirt binding is an optional dependency built by `npm ci`: where libvirt's headers came only now, build it.
-# (The package imports without its native part; making a Hypervisor loads it.)
-if [ -d node_modules ] && ! node -e 'import("@unraid/libvirt").then((b) => new b.Hypervisor({ uri: "qemu:///system" })).then(() => process.exit(0), () => process.exit(1))' 2>/dev/null; then
+# The libvirt binding is an optional dependency built by `npm ci`. Where libvirt's headers came only now, npm ci
+# either left the package out (its build failed, so npm dropped it) or kept it without its native part (it
+# imports without it; making a Hypervisor loads it). Install the locked version, or rebuild it.
+binding_ok() { node -e 'import("@unraid/libvirt").then((b) => new b.Hypervisor({ uri: "qemu:///system" })).then(() => process.exit(0), () => process.exit(1))' 2>/dev/null; }
+if [ -d node_modules ] && ! binding_ok; then
   log "building the libvirt binding"
   out=$(mktemp)
-  npm rebuild @unraid/libvirt --foreground-scripts >"$out" 2>&1 || { cat "$out" >&2; rm -f "$out"; exit 1; }
+  if [ -d node_modules/@unraid/libvirt ]; then
+    npm rebuild @unraid/libvirt --foreground-scripts >"$out" 2>&1 || { cat "$out" >&2; rm -f "$out"; exit 1; }
+  else
+    version=$(node -p 'require("./package-lock.json").packages["node_modules/@unraid/libvirt"].version')
+    npm install --no-save --no-audit --no-fund --foreground-scripts "@unraid/libvirt@$version" >"$out" 2>&1 ||
+      { cat "$out" >&2; rm -f "$out"; exit 1; }
+  fi
   rm -f "$out"
+  binding_ok || { log "the libvirt binding still does not load"; exit 1; }
 fi
