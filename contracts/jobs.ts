@@ -9,17 +9,45 @@ import { z } from "zod";
 /** The deployment settings schedules read (a structural slice of the platform's config). */
 interface Settings {
   hosts: { sweepMs: number };
+  providers: { sweepMs: number };
 }
+
+const instanceId = z.string().regex(/^inst_[a-z2-7]{52}$/);
 
 export const jobCatalog = {
   /** Reconcile one instance toward its desired state. One job per instance: a burst of changes is one run. */
   "vps.instances": {
-    payload: z.object({ instanceId: z.string().regex(/^inst_[a-z2-7]{52}$/) }),
+    payload: z.object({ instanceId }),
     jobId: (p: { instanceId: string }) => p.instanceId,
     attempts: 5,
     backoffMs: 500,
     concurrency: 8,
     everyMs: undefined,
+  },
+  /**
+   * Look at a provider instance again later: enqueued with a delay by its reconciler while the provider is
+   * still working (backoff, and no sooner than the provider's rate limit allows). It only wakes `vps.instances`,
+   * so a poll due while that job runs is not lost; one poll waits per instance, the earliest.
+   */
+  "vps.poll": {
+    payload: z.object({ instanceId }),
+    jobId: (p: { instanceId: string }) => p.instanceId,
+    attempts: 1,
+    backoffMs: 1000,
+    concurrency: 4,
+    everyMs: undefined,
+  },
+  /**
+   * Provider accounts: read each account's offers, and find machines labelled as ours that no live instance
+   * owns (orphans), removing them after a grace. With an account id, that account only (new accounts).
+   */
+  "vps.providers": {
+    payload: z.object({ accountId: z.string().optional() }),
+    jobId: (p: { accountId?: string }) => `providers-${p.accountId ?? "all"}`,
+    attempts: 3,
+    backoffMs: 2000,
+    concurrency: 2,
+    everyMs: (c: Settings) => c.providers.sweepMs,
   },
   /**
    * The safety net: silent nodes become lost, orphans past their grace are removed, specs an agent has not

@@ -7,16 +7,17 @@ import type { ImageResolver } from "../core/catalog/images.ts";
 import type { ProviderDefinition } from "../core/pools/provider/contract.ts";
 import { builtinProviders } from "../providers/index.ts";
 
-/** Resolves a SecretRef (`env:NAME`) from a provider account's config to its value. */
+/**
+ * Resolves a provider account's credential reference to its value, or undefined when it cannot. The default
+ * (infra/secrets.ts) takes `env:` (this process's environment, read here: the one module that reads it),
+ * `file:` and `sealed:`; a deployment may hand in its own for other schemes (a vault).
+ */
 export interface SecretResolver {
   resolve(ref: string): Promise<string | undefined>;
 }
 
-export const envSecrets: SecretResolver = {
-  async resolve(ref) {
-    return ref.startsWith("env:") ? process.env[ref.slice(4)] : undefined;
-  },
-};
+/** `env:NAME` from this process's environment. */
+export const envSecret = (name: string): string | undefined => process.env[name];
 
 /** What `compute.config.ts` may export through `defineConfig`; everything is optional. */
 export interface ConfigFile {
@@ -33,6 +34,7 @@ export interface ConfigFile {
     joinTokenTtlSeconds?: number;
     commandTimeoutMs?: number;
   };
+  providers?: Partial<Config["providers"]>;
   live?: { bufferEvents?: number; keepAliveMs?: number; reauthMs?: number; pollMs?: number };
   limits?: Partial<Config["limits"]>;
   vps?: {
@@ -95,6 +97,20 @@ const schema = z.object({
       commandTimeoutMs: z.coerce.number().int().min(1000).default(3_600_000),
     })
     .prefault({}),
+  /** Provider pools: how the worker paces its calls to providers' APIs. */
+  providers: z
+    .object({
+      /** How often each account's offers are read and its machines checked for orphans. */
+      sweepMs: z.coerce.number().int().min(100).default(60_000),
+      /** A machine labelled as ours that no live instance owns is deleted this long after it is first seen. */
+      orphanGraceMs: z.coerce.number().int().min(0).default(300_000),
+      /** First and longest wait between two looks at a machine the provider is still working on. */
+      pollMinMs: z.coerce.number().int().min(10).default(1_000),
+      pollMaxMs: z.coerce.number().int().min(10).default(30_000),
+      /** A resolved credential is used this long before it is resolved again (rotation takes effect). */
+      credentialTtlMs: z.coerce.number().int().min(0).default(60_000),
+    })
+    .prefault({}),
   /** Subscriptions: what a live connection may cost the server. */
   live: z
     .object({
@@ -145,7 +161,8 @@ const schema = z.object({
           });
         }),
       images: resolverOf<ImageResolver>("images").optional(),
-      secrets: resolverOf<SecretResolver>("secrets").default(envSecrets),
+      /** A resolver for credential references beyond env:, file: and sealed: (tried first). */
+      secrets: resolverOf<SecretResolver>("secrets").optional(),
       hostNetwork: z
         .string()
         .regex(/^[A-Za-z0-9_.-]{1,15}$/, "an interface name of 1 to 15 letters, digits, _ . -")
@@ -190,6 +207,13 @@ export function readEnv(env: NodeJS.ProcessEnv): Record<string, unknown> {
       joinTokenTtlSeconds: env.JOIN_TOKEN_TTL_S,
       commandTimeoutMs: env.HOST_COMMAND_TIMEOUT_MS,
     }),
+    providers: prune({
+      sweepMs: env.PROVIDER_SWEEP_MS,
+      orphanGraceMs: env.PROVIDER_ORPHAN_GRACE_MS,
+      pollMinMs: env.PROVIDER_POLL_MIN_MS,
+      pollMaxMs: env.PROVIDER_POLL_MAX_MS,
+      credentialTtlMs: env.PROVIDER_CREDENTIAL_TTL_MS,
+    }),
     live: prune({ bufferEvents: env.LIVE_BUFFER_EVENTS, keepAliveMs: env.WS_KEEPALIVE_MS, reauthMs: env.LIVE_REAUTH_MS, pollMs: env.LIVE_POLL_MS }),
     limits: prune({
       depth: env.LIMIT_DEPTH,
@@ -226,6 +250,7 @@ export function parseConfig(file: ConfigFile = {}, env: NodeJS.ProcessEnv = {}):
     ...file,
     ...fromEnv,
     hosts: { ...file.hosts, ...(fromEnv.hosts as object | undefined) },
+    providers: { ...file.providers, ...(fromEnv.providers as object | undefined) },
     live: { ...file.live, ...(fromEnv.live as object | undefined) },
     limits: { ...file.limits, ...(fromEnv.limits as object | undefined) },
     vps: { ...file.vps, ...(fromEnv.vps as object | undefined) },

@@ -6,7 +6,8 @@ import type { Logger } from "./log.ts";
 
 /** The producer side of the job catalog: what the server and the reconcilers use to wake work. */
 export interface Jobs {
-  enqueue<N extends JobName>(name: N, payload: JobPayload<N>): Promise<void>;
+  /** Wake a job; with `delayMs`, not before then (a job of that id already waiting keeps its own time). */
+  enqueue<N extends JobName>(name: N, payload: JobPayload<N>, opts?: { delayMs?: number }): Promise<void>;
   /** Run the catalog's jobs in this process with these handlers (the worker). */
   run(handlers: Handlers, config: Config, log: Logger): Promise<{ close(): Promise<void> }>;
   close(): Promise<void>;
@@ -37,7 +38,7 @@ export function bullJobs(opts: { redisUrl: string; prefix: string }): Jobs {
     return redis;
   };
   const wokenKey = (name: JobName, id: string) => `${opts.prefix}:woken:${queueName(name)}:${id}`;
-  async function enqueue<N extends JobName>(name: N, payload: JobPayload<N>): Promise<void> {
+  async function enqueue<N extends JobName>(name: N, payload: JobPayload<N>, opts: { delayMs?: number } = {}): Promise<void> {
     const spec = jobCatalog[name];
     const data = spec.payload.parse(payload);
     const jobId = spec.jobId(data as never);
@@ -53,6 +54,7 @@ export function bullJobs(opts: { redisUrl: string; prefix: string }): Jobs {
       backoff: { type: "exponential", delay: spec.backoffMs },
       removeOnComplete: true,
       removeOnFail: true,
+      ...(opts.delayMs ? { delay: opts.delayMs } : {}),
     });
   }
   /** A job woken while it ran goes again, now that its id is free. */
@@ -151,14 +153,14 @@ export function memoryJobs(): Jobs {
     }
   }
   return {
-    async enqueue(name, payload) {
+    async enqueue(name, payload, opts = {}) {
       const spec = jobCatalog[name];
       const data = spec.payload.parse(payload);
       const key = `${name}/${spec.jobId(data as never)}`;
       if (active.has(key)) again.add(key);
       if (waiting.has(key) || active.has(key)) return;
       waiting.set(key, { name, payload: data, attempt: 1 });
-      schedule(key);
+      schedule(key, opts.delayMs ?? 0);
     },
     async run(h, config, l) {
       handlers = h;

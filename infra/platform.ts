@@ -5,7 +5,7 @@ import type { Sql } from "../core/kernel/db.ts";
 import { type IdSource, randomIds } from "../core/kernel/ids.ts";
 import { newSealKey, type Sealer, sealer } from "../core/kernel/seal.ts";
 import { finishWrite, Write, type WriteOptions } from "../core/kernel/write.ts";
-import type { DriverDeps } from "../core/pools/driver.ts";
+import type { DriverDeps, SyncIo } from "../core/pools/driver.ts";
 import { type Bus, openBus } from "./bus.ts";
 import type { Config } from "./config.ts";
 import { persistentSecret } from "./data-dir.ts";
@@ -13,6 +13,7 @@ import { type Database, openDatabase } from "./db/index.ts";
 import { migrate } from "./db/migrate.ts";
 import { bullJobs, type Jobs, memoryJobs } from "./jobs.ts";
 import { type Logger, logger } from "./log.ts";
+import { providerSessions } from "./providers.ts";
 
 /** Everything a process of the platform shares: one per server, worker or dev process. */
 export interface Platform {
@@ -28,6 +29,8 @@ export interface Platform {
   operatorToken: string | undefined;
   /** What pool drivers need of the deployment. */
   drivers: DriverDeps;
+  /** What drivers that converge through an outside API need (provider sessions, pacing): the worker's side. */
+  sync: SyncIo;
   /**
    * The write path: run `fn` as one Write (one transaction), then apply what it recorded — publish its
    * events and spec changes, wake the reconciler, end revoked connections, tell hosts of new commands.
@@ -89,6 +92,7 @@ export async function openPlatform(config: Config, opts: PlatformOptions = {}): 
       for (const key of w.revoked) bus.publish("credentialsRevoked", { key });
       for (const e of w.events) bus.publish("instanceEvents", e);
       for (const instanceId of w.wakes) await jobs.enqueue("vps.instances", { instanceId });
+      for (const accountId of w.providerAccounts) await jobs.enqueue("vps.providers", { accountId });
     } catch (err) {
       log.warn("after-commit effects failed", { actor: w.actor, err: String(err) });
     }
@@ -117,12 +121,15 @@ export async function openPlatform(config: Config, opts: PlatformOptions = {}): 
       }
     };
 
+  const seal = sealer(sealKey);
+  const read: Platform["read"] = (fn) => db.read(fn);
+  const write = writeOn(db);
   const platform: Platform = {
     config,
     db,
     bus,
     jobs,
-    sealer: sealer(sealKey),
+    sealer: seal,
     images,
     ids,
     now,
@@ -130,8 +137,24 @@ export async function openPlatform(config: Config, opts: PlatformOptions = {}): 
     operatorToken,
     dev: embedded,
     drivers: { images, runtimes: config.vps.runtimes, maxRecreateAttempts: config.hosts.maxRecreateAttempts },
-    write: writeOn(db),
-    read: (fn) => db.read(fn),
+    write,
+    read,
+    sync: {
+      write,
+      read,
+      sealer: seal,
+      log,
+      poll: { minMs: config.providers.pollMinMs, maxMs: config.providers.pollMaxMs },
+      providers: providerSessions({
+        read,
+        providers: config.vps.providers,
+        sealer: seal,
+        ...(config.vps.secrets ? { custom: config.vps.secrets } : {}),
+        // Labels this deployment's machines: stable for one seal key, and says nothing of it.
+        managedBy: `bc-${seal.digest("provider machines", "managed-by").slice(0, 12)}`,
+        credentialTtlMs: config.providers.credentialTtlMs,
+      }),
+    },
     api(caller) {
       const share = db.api(caller);
       return { ...platform, read: (fn) => share.read(fn), write: writeOn(share) };

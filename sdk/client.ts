@@ -12,6 +12,8 @@ export interface ClientOptions {
   /** A bearer token: an API token, or the operator token. */
   token?: string;
   headers?: Record<string, string>;
+  /** Another fetch (a proxy agent, a recorder); the global one by default. */
+  fetch?: typeof fetch;
 }
 
 const printed = new WeakMap<DocumentNode, string>();
@@ -27,7 +29,7 @@ const source = (doc: DocumentNode) => {
 export function createClient(opts: ClientOptions) {
   return {
     async request<R, V extends Record<string, unknown>>(doc: TypedDocumentNode<R, V>, ...vars: V extends Record<string, never> ? [] | [V] : [V]): Promise<R> {
-      const res = await fetch(opts.url, {
+      const res = await (opts.fetch ?? fetch)(opts.url, {
         method: "POST",
         headers: {
           "content-type": "application/json",

@@ -1,4 +1,5 @@
 import type { Platform } from "../infra/platform.ts";
+import { sweepProviders } from "./jobs/providers.ts";
 import { reconcileInstance } from "./jobs/reconcile-instance.ts";
 import { sweep } from "./jobs/sweep.ts";
 
@@ -7,6 +8,9 @@ export function startWorker(platform: Platform) {
   return platform.jobs.run(
     {
       "vps.instances": (p) => reconcileInstance(platform, p.instanceId),
+      // A poll only wakes the reconciler: its job id is the instance's, so it never runs beside it.
+      "vps.poll": (p) => platform.jobs.enqueue("vps.instances", p),
+      "vps.providers": (p) => sweepProviders(platform, p.accountId),
       "vps.sweep": () => sweep(platform),
     },
     platform.config,

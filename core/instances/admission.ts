@@ -99,9 +99,9 @@ export async function admitInstance(w: Write, deps: AdmissionDeps, caller: Calle
     `WITH i AS (
        INSERT INTO instances (id, tenant_id, pool_id, project_id, owner_identity_id, idempotency_key, request_hash, flavor, vcpus,
          memory_mib, disk_gib, gpus, image_id, image_url, image_sha256, image_format, image_verified, ssh_keys, user_data_sealed,
-         runtime, state, desired_state, node_id, allocation_id, addresses, charge, version, created_at, updated_at)
+         runtime, state, desired_state, node_id, allocation_id, addresses, charge, offer, version, created_at, updated_at)
        VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12::jsonb, $13, $14, $15, $16, $17, $18::text[], $19, $20, 'pending', $21,
-         $22, $23, $24::text[], $25::jsonb, 1, $26, $26)
+         $22, $23, $24::text[], $25::jsonb, $27, 1, $26, $26)
        RETURNING *),
      e AS (
        INSERT INTO instance_events (instance_id, tenant_id, pool_id, project_id, from_state, to_state, desired_state, reason, actor, version, at)
@@ -134,6 +134,7 @@ export async function admitInstance(w: Write, deps: AdmissionDeps, caller: Calle
       placed.addresses,
       JSON.stringify(charge),
       w.now,
+      placed.offer ?? null,
     ],
   );
   const { eventId, ...instance } = row as Instance & { eventId: string };
@@ -141,7 +142,7 @@ export async function admitInstance(w: Write, deps: AdmissionDeps, caller: Calle
   w.audit({
     targetId: id,
     tenantId: caller.tenantId,
-    details: { poolId: input.poolId, flavor: shape, nodeId: placed.nodeId, addresses: placed.addresses },
+    details: { poolId: input.poolId, flavor: shape, nodeId: placed.nodeId, addresses: placed.addresses, offer: placed.offer ?? null },
   });
   return instance;
 }

@@ -33,6 +33,7 @@ const settable = {
   charge_released: "boolean",
   allocation_id: "text",
   node_id: "text",
+  external_id: "text",
   addresses: "text[]",
   conditions: "jsonb",
   attempts: "int",

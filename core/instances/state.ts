@@ -69,12 +69,16 @@ const edges: readonly Edge[] = [
   ["lost", "scheduling", "recreate"],
   ["error", "starting", "start"],
   ["error", "stopped", "stopped"],
+  ["error", "scheduling", "recreate"], // a retry of a create that made no machine (a provider refused it)
   ["deleting", "deleted", "deleted"],
 ];
 
-/** Everything short of deleting can be deleted; anything a host runs can fail or vanish with its host. */
+/**
+ * Everything short of deleting can be deleted; anything a host runs can fail or vanish with its host, and a
+ * create a provider refuses fails in scheduling.
+ */
 const deletable = instanceStates.filter((s) => s !== "deleting" && s !== "deleted");
-const canFail: readonly InstanceState[] = ["provisioning", "starting", "running", "stopped", "rebooting", "resizing", "paused", "lost"];
+const canFail: readonly InstanceState[] = ["scheduling", "provisioning", "starting", "running", "stopped", "rebooting", "resizing", "paused", "lost"];
 const canBeLost: readonly InstanceState[] = ["provisioning", "starting", "running", "stopped", "rebooting", "resizing", "paused", "error"];
 
 export const instanceStateTable: ReadonlyMap<InstanceState, ReadonlyMap<InstanceState, TransitionKind>> = (() => {

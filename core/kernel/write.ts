@@ -34,6 +34,8 @@ export class Write {
   readonly specs = new Map<string, number>();
   readonly revoked: string[] = [];
   readonly commandNodes = new Set<string>();
+  /** Provider accounts whose offers and machines the worker should read again. */
+  readonly providerAccounts = new Set<string>();
   private subject: AuditSubject | null = null;
   private noChange = false;
 
@@ -72,6 +74,11 @@ export class Write {
   /** A node has new host commands to fetch. */
   commands(nodeId: string): void {
     this.commandNodes.add(nodeId);
+  }
+
+  /** A provider account is new or changed: the worker reads its offers (and machines) once committed. */
+  wakeProviders(accountId: string): void {
+    this.providerAccounts.add(accountId);
   }
 
   /** What this mutation changed: the subject of its one audit row. Writes that are not mutations keep none. */

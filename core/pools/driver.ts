@@ -3,7 +3,9 @@ import type { Shape } from "../catalog/shapes.ts";
 import type { InstanceSet } from "../instances/changes.ts";
 import type { Instance } from "../instances/model.ts";
 import type { Sql } from "../kernel/db.ts";
-import type { Write } from "../kernel/write.ts";
+import type { Sealer } from "../kernel/seal.ts";
+import type { Write, WriteOptions } from "../kernel/write.ts";
+import type { ProviderSessions } from "./provider/contract.ts";
 
 /**
  * The pool-driver seam (docs/architecture.md, "Pool drivers"). Where an instance runs, what it holds there and
@@ -69,6 +71,8 @@ export interface Placed {
   addresses: string[];
   image: ResolvedImage | null;
   runtime: string | null;
+  /** Provider pools: the provider's machine type the flavor maps to. */
+  offer?: string;
 }
 
 export interface DriverDeps {
@@ -77,6 +81,19 @@ export interface DriverDeps {
   runtimes: readonly string[];
   /** Hosts tried before an instance no host can create is left in error. */
   maxRecreateAttempts: number;
+}
+
+/**
+ * What a driver that talks to something outside the database needs for `sync`: the write path, plain reads,
+ * the worker's provider sessions, the sealer (user data goes to the provider), pacing and a log.
+ */
+export interface SyncIo {
+  write<T>(opts: WriteOptions, fn: (w: Write) => Promise<T>): Promise<T>;
+  read<T>(fn: (sql: Sql) => Promise<T>): Promise<T>;
+  providers: ProviderSessions;
+  sealer: Sealer;
+  poll: { minMs: number; maxMs: number };
+  log: { info(msg: string, fields?: Record<string, unknown>): void; warn(msg: string, fields?: Record<string, unknown>): void };
 }
 
 export interface PoolDriver {
@@ -98,4 +115,10 @@ export interface PoolDriver {
   release(w: Write, inst: Instance): Promise<InstanceSet>;
   /** One guarded step toward the desired state, or null when there is nothing to do until something changes. */
   reconcile(w: Write, inst: Instance, pool: Pool, deps: DriverDeps): Promise<Instance | null>;
+  /**
+   * Drivers whose instances live behind an outside API (providers) converge here instead, in the worker and
+   * outside any transaction: look at the machine, make the one call the desired state needs, and record what
+   * happened through guarded writes. Returns how long to wait before looking again, or null to rest until woken.
+   */
+  sync?(io: SyncIo, instanceId: string): Promise<number | null>;
 }

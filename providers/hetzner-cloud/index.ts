@@ -1,9 +1,17 @@
 import { z } from "zod";
-import { defineProvider, secretRef } from "../../core/pools/provider/contract.ts";
+import { defineProvider } from "../../core/pools/provider/contract.ts";
+import { connectHetzner, DEFAULT_ENDPOINT } from "./client.ts";
 
-/** Hetzner Cloud: an API token (by reference), an optional default location and an endpoint override. */
+/** Hetzner Cloud: one project per account (its API token), an optional location for new servers, an endpoint override. */
 export const hetznerCloud = defineProvider({
   id: "hetzner-cloud",
   displayName: "Hetzner Cloud",
-  accountConfig: z.object({ token: secretRef, location: z.string().min(1).optional(), endpoint: z.url().optional() }).strict(),
+  accountConfig: z
+    .object({
+      endpoint: z.url().optional().describe(`Default ${DEFAULT_ENDPOINT}`),
+      location: z.string().min(1).optional(),
+    })
+    .strict(),
+  credentials: ["token"],
+  connect: (config, ctx) => connectHetzner(config, ctx),
 });

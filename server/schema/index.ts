@@ -3,6 +3,7 @@ import { builder } from "./builder.ts";
 import "./viewer.ts";
 import "./tenants.ts";
 import "./pools.ts";
+import "./providers.ts";
 import "./images.ts";
 import "./flavors.ts";
 import "./instances.ts";

@@ -45,6 +45,7 @@ export const Instance = builder.objectRef<InstanceRow>("Instance").implement({
     nodeId: t.exposeID("nodeId", { nullable: true }),
     allocationId: t.exposeID("allocationId", { nullable: true }),
     externalId: t.exposeString("externalId", { nullable: true }),
+    offer: t.exposeString("offer", { nullable: true, description: "Provider pools: the provider's machine type the flavor mapped to." }),
     poolId: t.exposeID("poolId"),
     projectId: t.exposeID("projectId", { nullable: true }),
     tenantId: t.exposeID("tenantId"),

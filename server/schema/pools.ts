@@ -3,12 +3,6 @@ import { requireOperator, requireRead } from "../../core/auth/principal.ts";
 import type { Pool as PoolRow } from "../../core/pools/driver.ts";
 import { createNode, listNodes, type Node as NodeRow, setNodeCapacity, setNodeState } from "../../core/pools/hosted/nodes.ts";
 import { createPool, getPool, ipamOf, listPools } from "../../core/pools/pools.ts";
-import {
-  createProviderAccount,
-  deleteProviderAccount,
-  listProviderAccounts,
-  type ProviderAccount as ProviderAccountRow,
-} from "../../core/pools/provider/accounts.ts";
 import { mutate } from "../context.ts";
 import { builder, Resources } from "./builder.ts";
 
@@ -177,50 +171,6 @@ builder.mutationFields((t) => ({
       if (state === "lost") throw forbidden("nodes become lost when they stop reporting, not by request");
       if (state === "refusing") throw forbidden("nodes refuse by their agents' reports, not by request");
       return mutate(ctx, info, (w) => setNodeState(w, String(id), state));
-    },
-  }),
-}));
-
-const ProviderAccount = builder.objectRef<ProviderAccountRow>("ProviderAccount").implement({
-  description: "Credentials (by secret reference) for creating VMs on an external cloud.",
-  fields: (t) => ({
-    id: t.exposeID("id"),
-    name: t.exposeString("name"),
-    provider: t.exposeString("provider"),
-    config: t.expose("config", { type: "JSON", description: "Secrets appear only as references." }),
-    createdAt: t.expose("createdAt", { type: "DateTime" }),
-  }),
-});
-
-const CreateProviderAccountInput = builder.inputType("CreateProviderAccountInput", {
-  fields: (t) => ({ name: t.string({ required: true }), provider: t.string({ required: true }), config: t.field({ type: "JSON", required: true }) }),
-});
-
-builder.queryField("providerAccounts", (t) =>
-  t.field({
-    type: [ProviderAccount],
-    resolve: (_r, _a, ctx) => {
-      requireOperator(ctx.principal);
-      return ctx.platform.read(listProviderAccounts);
-    },
-  }),
-);
-
-builder.mutationFields((t) => ({
-  createProviderAccount: t.field({
-    type: ProviderAccount,
-    args: { input: t.arg({ type: CreateProviderAccountInput, required: true }) },
-    resolve: (_r, { input }, ctx, info) => {
-      requireOperator(ctx.principal);
-      return mutate(ctx, info, (w) => createProviderAccount(w, ctx.platform.config.vps.providers, input));
-    },
-  }),
-  deleteProviderAccount: t.field({
-    type: ProviderAccount,
-    args: { id: t.arg.id({ required: true }) },
-    resolve: (_r, { id }, ctx, info) => {
-      requireOperator(ctx.principal);
-      return mutate(ctx, info, (w) => deleteProviderAccount(w, String(id)));
     },
   }),
 }));

@@ -129,6 +129,7 @@ export async function startCluster(opts: {
   ];
   const cluster = {
     url,
+    operatorToken,
     /** Where the agents keep their state (host-<i>/). */
     root,
     operator,

@@ -109,7 +109,7 @@ async function runEveryMutation() {
   await me("deleteInstance", bc.DeleteInstanceDocument, { id: stopped.id });
 
   const { createProviderAccount: acct } = await op("createProviderAccount", bc.CreateProviderAccountDocument, {
-    input: { name: "hz", provider: "hetzner-cloud", config: { token: { secretRef: "env:HCLOUD_TOKEN" } } },
+    input: { name: "hz", provider: "hetzner-cloud", config: {}, credentials: { token: "env:HCLOUD_TOKEN" } },
   });
   await op("deleteProviderAccount", bc.DeleteProviderAccountDocument, { id: acct.id });
   await op("revokeApiToken", bc.RevokeApiTokenDocument, { id: made.apiToken.id });

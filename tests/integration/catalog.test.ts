@@ -162,13 +162,38 @@ describe("flavors", () => {
 describe("provider accounts", () => {
   it("accepts configured providers with a valid config, refuses the rest, and guards deletion", async () => {
     await expectCode(h.operator.request(CreateProviderAccountDocument, { input: { name: "x", provider: "nimbus", config: {} } }), "INVALID_INPUT");
-    await expectCode(
+    // A secret inline in the config is refused (the schema is strict), and the refusal does not repeat it.
+    const inline = await expectCode(
       h.operator.request(CreateProviderAccountDocument, { input: { name: "x", provider: "hetzner-cloud", config: { token: "inline-secret" } } }),
+      "INVALID_INPUT",
+    );
+    expect(inline.message).not.toContain("inline-secret");
+    const missing = await expectCode(
+      h.operator.request(CreateProviderAccountDocument, { input: { name: "x", provider: "hetzner-cloud", config: {} } }),
+      "INVALID_INPUT",
+    );
+    expect(missing.message).toContain("input.credentials.token");
+    const bare = await expectCode(
+      h.operator.request(CreateProviderAccountDocument, {
+        input: { name: "x", provider: "hetzner-cloud", config: {}, credentials: { token: "bare-secret-value" } },
+      }),
+      "INVALID_INPUT",
+    );
+    expect(bare.message).not.toContain("bare-secret-value");
+    await expectCode(
+      h.operator.request(CreateProviderAccountDocument, {
+        input: { name: "x", provider: "hetzner-cloud", config: {}, credentials: { token: "env:T", password: "env:P" } },
+      }),
       "INVALID_INPUT",
     );
     await expectCode(
       h.operator.request(CreateProviderAccountDocument, {
-        input: { name: "x", provider: "proxmox-ve", config: { endpoint: "not a url", tokenId: "a", tokenSecret: { secretRef: "env:X" } } },
+        input: {
+          name: "x",
+          provider: "proxmox-ve",
+          config: { endpoint: "not a url", tokenId: "a@pam!b", node: "pve", templates: { d: 9000 } },
+          credentials: { tokenSecret: "env:X" },
+        },
       }),
       "INVALID_INPUT",
     );
@@ -176,11 +201,18 @@ describe("provider accounts", () => {
       input: {
         name: "pve",
         provider: "proxmox-ve",
-        config: { endpoint: "https://pve.invalid:8006", tokenId: "root@pam!bc", tokenSecret: { secretRef: "env:PVE_SECRET" } },
+        config: { endpoint: "https://pve.invalid:8006/api2/json", tokenId: "root@pam!bc", node: "pve", templates: { "debian-12": 9000 } },
+        credentials: { tokenSecret: { value: "a-sealed-secret" } },
       },
     });
+    expect(createProviderAccount.credentials).toEqual({ tokenSecret: "sealed" });
+    expect(JSON.stringify(createProviderAccount)).not.toContain("a-sealed-secret");
+    const { createProviderAccount: byEnv } = await h.operator.request(CreateProviderAccountDocument, {
+      input: { name: "hz-env", provider: "hetzner-cloud", config: {}, credentials: { token: "env:HCLOUD_TOKEN" } },
+    });
+    expect(byEnv.credentials).toEqual({ token: "env:HCLOUD_TOKEN" });
     await expectCode(
-      h.operator.request(CreateProviderAccountDocument, { input: { name: "pve", provider: "hetzner-cloud", config: { token: { secretRef: "env:T" } } } }),
+      h.operator.request(CreateProviderAccountDocument, { input: { name: "pve", provider: "hetzner-cloud", config: {}, credentials: { token: "env:T" } } }),
       "CONFLICT",
     );
     const { createPool } = await h.operator.request(CreatePoolDocument, {

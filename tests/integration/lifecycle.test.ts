@@ -1,6 +1,5 @@
 import fc from "fast-check";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { reconcileOnce } from "../../core/instances/reconciler.ts";
 import {
   CreateFlavorDocument,
   CreateInstanceDocument,
@@ -8,7 +7,7 @@ import {
   CreateProviderAccountDocument,
   DeleteInstanceDocument,
   type InstanceFieldsFragment,
-  PauseInstanceDocument,
+  ProviderOffersDocument,
   ResizeInstanceDocument,
   StartInstanceDocument,
   StopInstanceDocument,
@@ -156,55 +155,28 @@ describe("resize", () => {
   });
 });
 
-describe("provider pools, until providers land", () => {
-  it("refuse creates with UNSUPPORTED and charge nothing; an instance admitted before still stops at resize and pause and can be deleted", async () => {
+describe("provider pools, without a worker", () => {
+  it("refuse creates until the provider's offers are known, charging nothing; refuse GPU flavors and resize", async () => {
     const { createProviderAccount } = await h.operator.request(CreateProviderAccountDocument, {
-      input: { name: "hz", provider: "hetzner-cloud", config: { token: { secretRef: "env:HCLOUD_TOKEN" } } },
+      input: { name: "hz", provider: "hetzner-cloud", config: {}, credentials: { token: "env:HCLOUD_TOKEN" } },
     });
     const { createPool } = await h.operator.request(CreatePoolDocument, {
       input: { name: "hz-fsn1", class: "PROVIDER", providerAccountId: createProviderAccount.id },
     });
     await h.operator.request(CreateFlavorDocument, { input: { poolId: createPool.id, name: "cx22", vcpus: 2, memoryMib: 4096, diskGib: 40 } });
+    await expectCode(
+      h.operator.request(CreateFlavorDocument, {
+        input: { poolId: createPool.id, name: "g1", vcpus: 2, memoryMib: 4096, diskGib: 40, gpus: [{ model: "nvidia-l40s", count: 1 }] },
+      }),
+      "INVALID_INPUT",
+    );
     const pt = await h.tenant();
     const before = await ledger(h.platform);
-    await expectCode(create(pt, { poolId: createPool.id, flavor: "cx22", imageId: "debian-12" }), "UNSUPPORTED");
+    const refused = await expectCode(create(pt, { poolId: createPool.id, flavor: "cx22", imageId: "debian-12" }), "UNSCHEDULABLE");
+    expect(refused.message).toContain("not known yet");
     expect(await ledger(h.platform)).toEqual(before);
-
-    // What an admission before this change left behind: a provider instance charged from its flavor's shape.
-    const id = "inst_" + "p".repeat(52);
-    const charge = { instances: 1, vcpus: 2, memory_mib: 4096, disk_gib: 40 };
-    await h.platform.db.prisma.$transaction([
-      h.platform.db.prisma.$executeRawUnsafe(
-        `INSERT INTO instances (id, tenant_id, pool_id, owner_identity_id, idempotency_key, request_hash, flavor, vcpus, memory_mib, disk_gib,
-           image_id, ssh_keys, addresses, state, desired_state, charge, version)
-         VALUES ($1, $2, $3, $4, 'legacy', 'x', 'cx22', 2, 4096, 40, 'debian-12', '{}', '{}', 'stopped', 'stopped', $5::jsonb, 1)`,
-        id,
-        pt.id,
-        createPool.id,
-        pt.identityId,
-        JSON.stringify(charge),
-      ),
-      h.platform.db.prisma.$executeRawUnsafe(
-        `INSERT INTO instance_events (instance_id, tenant_id, pool_id, from_state, to_state, desired_state, reason, actor, version, position)
-         VALUES ($1, $2, $3, NULL, 'stopped', 'stopped', 'created', 'test', 1, nextval('instance_events_position_seq'))`,
-        id,
-        pt.id,
-        createPool.id,
-      ),
-      h.platform.db.prisma.$executeRawUnsafe(
-        `UPDATE quota_usage u SET used = used + c.value::bigint FROM jsonb_each_text($2::jsonb) c WHERE u.tenant_id = $1 AND u.resource = c.key`,
-        pt.id,
-        JSON.stringify(charge),
-      ),
-    ]);
-    await expectCode(pt.client.request(ResizeInstanceDocument, { id, flavor: "cx22" }), "UNSUPPORTED");
-    await expectCode(pt.client.request(PauseInstanceDocument, { id }), "UNSUPPORTED");
-    await pt.client.request(DeleteInstanceDocument, { id });
-    for (let step = 0; step < 4; step++) await h.platform.write({ actor: "reconciler" }, (w) => reconcileOnce(w, h.platform.drivers, id));
-    expect((await events(id)).map((e) => e.toState)).toEqual(["stopped", "stopped", "deleting", "deleted"]);
-    const usage = await h.platform.db.prisma.quotaUsage.findMany({ where: { tenantId: pt.id } });
-    expect(usage.every((u) => u.used === 0n)).toBe(true);
-    expect(await invariantViolations(h.platform)).toEqual([]);
+    await expectCode(h.operator.request(ProviderOffersDocument, { poolId: (await h.hostedPool()).poolId }), "INVALID_INPUT");
+    expect((await h.operator.request(ProviderOffersDocument, { poolId: createPool.id })).providerOffers).toEqual([]);
   });
 });
 

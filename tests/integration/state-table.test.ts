@@ -291,6 +291,8 @@ describe.each([
         }
       },
       "vps.sweep": async () => {},
+      "vps.poll": async () => {},
+      "vps.providers": async () => {},
     };
     const worker = await h.platform.jobs.run(handlers, h.platform.config, h.platform.log);
     closeWorker = () => worker.close();

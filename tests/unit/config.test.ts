@@ -59,7 +59,15 @@ describe("config", () => {
     expect(c.limits).toMatchObject({ aliases: 40, mutations: 2, ratePoints: 0, apiStatementTimeoutMs: 2500, depth: 10 });
   });
   it("accepts a custom provider definition and image resolver", () => {
-    const mine = defineProvider({ id: "my-cloud", displayName: "Mine", accountConfig: z.object({ region: z.string() }) });
+    const mine = defineProvider({
+      id: "my-cloud",
+      displayName: "Mine",
+      accountConfig: z.object({ region: z.string() }),
+      credentials: ["key"],
+      connect: () => {
+        throw new Error("not called here");
+      },
+    });
     const images = { resolve: async () => undefined };
     const c = parseConfig({ vps: { providers: [mine], images } });
     expect(c.vps.providers[0]?.id).toBe("my-cloud");

@@ -26,9 +26,11 @@ const expected: [InstanceState, InstanceState][] = [
   ["lost", "scheduling"],
   ["error", "starting"],
   ["error", "stopped"],
+  // A provider refused a create: the owner's start tries again from scheduling.
+  ["error", "scheduling"],
   ["deleting", "deleted"],
   ...instanceStates.filter((s) => s !== "deleting" && s !== "deleted").map((s) => [s, "deleting"] as [InstanceState, InstanceState]),
-  ...(["provisioning", "starting", "running", "stopped", "rebooting", "resizing", "paused", "lost"] as const).map(
+  ...(["scheduling", "provisioning", "starting", "running", "stopped", "rebooting", "resizing", "paused", "lost"] as const).map(
     (s) => [s, "error"] as [InstanceState, InstanceState],
   ),
   ...(["provisioning", "starting", "running", "stopped", "rebooting", "resizing", "paused", "error"] as const).map(

@@ -1,45 +1,80 @@
 import { z } from "zod";
 import { AppError, invalid, notFound } from "../../../contracts/errors.ts";
 import { one, type Sql } from "../../kernel/db.ts";
+import type { Sealer } from "../../kernel/seal.ts";
 import { parseInput } from "../../kernel/validation.ts";
 import type { Write } from "../../kernel/write.ts";
-import type { ProviderDefinition } from "./contract.ts";
+import type { ProviderDefinition, ProviderOffer } from "./contract.ts";
 
-/** An account on a provider's cloud: the provider's id and a config it accepts; secrets only as references. */
+/**
+ * An account on a provider's cloud: the provider's id, a config its schema accepts, and credentials as
+ * references. A reference is `env:NAME` or `file:/path`, resolved by the secret broker when the worker needs
+ * it, or `sealed:<base64>`, a value given once and sealed on write (bound to the account id). Reads show the
+ * references with sealed values as plain `sealed`: no query ever returns a secret.
+ */
 export interface ProviderAccount {
   id: string;
   name: string;
   provider: string;
   config: Record<string, unknown>;
+  credentials: Record<string, string>;
   createdAt: Date;
 }
 
-const COLUMNS = `id, name, provider, config, created_at AS "createdAt"`;
+const COLUMNS = `id, name, provider, config, credentials, created_at AS "createdAt"`;
 
 const name = z
   .string()
   .trim()
   .regex(/^[a-z0-9][a-z0-9-]{0,62}$/, "1 to 63 lower-case letters, digits and hyphens");
 
-/** Provider accounts name a provider the deployment lists, with a config that provider accepts. */
+/** A reference by scheme, or `{ value }` to seal. The messages never repeat what was given. */
+const credential = z.union(
+  [
+    z.string().regex(/^env:[A-Za-z_][A-Za-z0-9_]{0,127}$/),
+    z.string().regex(/^file:\/[^\0]{1,4095}$/),
+    z.object({ value: z.string().min(1).max(16_384) }).strict(),
+  ],
+  { error: 'a reference "env:NAME" or "file:/absolute/path", or { "value": "…" } to seal' },
+);
+
+/** What the operator sees of a credential: the reference, or `sealed`. */
+export const shownCredentials = (c: Record<string, string>): Record<string, string> =>
+  Object.fromEntries(Object.entries(c).map(([k, v]) => [k, v.startsWith("sealed:") ? "sealed" : v]));
+
+/** Provider accounts name a provider the deployment lists, with a config and credentials that provider takes. */
 export async function createProviderAccount(
   w: Write,
-  providers: readonly ProviderDefinition[],
-  raw: { name: string; provider: string; config?: unknown },
+  deps: { providers: readonly ProviderDefinition[]; sealer: Sealer },
+  raw: { name: string; provider: string; config?: unknown; credentials?: unknown },
 ): Promise<ProviderAccount> {
-  const input = parseInput(z.object({ name, provider: z.string(), config: z.unknown() }), raw);
+  const input = parseInput(z.object({ name, provider: z.string(), config: z.unknown().optional(), credentials: z.unknown().optional() }), raw);
+  const { providers } = deps;
   const def = providers.find((p) => p.id === input.provider);
   if (!def)
-    throw invalid(`provider ${input.provider} is not configured; configured: ${providers.map((p) => p.id).join(", ") || "none"}`, { path: "input.provider" });
-  const config = parseInput(def.accountConfig, input.config, "input.config");
+    throw invalid(`provider ${input.provider} is not configured; configured: ${providers.map((p) => p.id).join(", ") || "none"}`, {
+      path: "input.provider",
+    });
+  const config = parseInput(def.accountConfig, input.config ?? {}, "input.config");
+  const given = parseInput(z.record(z.string(), credential), input.credentials ?? {}, "input.credentials");
+  for (const key of Object.keys(given))
+    if (!def.credentials.includes(key))
+      throw invalid(`input.credentials.${key}: ${def.id} takes ${def.credentials.join(", ") || "no credentials"}`, { path: `input.credentials.${key}` });
+  for (const key of def.credentials)
+    if (!(key in given)) throw invalid(`input.credentials.${key}: required by ${def.id}`, { path: `input.credentials.${key}` });
   if (await one(w.sql, `SELECT 1 FROM provider_accounts WHERE name = $1`, [input.name]))
     throw new AppError("CONFLICT", `provider account ${input.name} exists`);
+  const id = w.ids("pacc");
+  const credentials = Object.fromEntries(
+    Object.entries(given).map(([k, v]) => [k, typeof v === "string" ? v : `sealed:${Buffer.from(deps.sealer.seal(v.value, `${id}/${k}`)).toString("base64")}`]),
+  );
   const [account] = await w.sql.query<ProviderAccount>(
-    `INSERT INTO provider_accounts (id, name, provider, config, created_at) VALUES ($1, $2, $3, $4::jsonb, $5) RETURNING ${COLUMNS}`,
-    [w.ids("pacc"), input.name, def.id, JSON.stringify(config), w.now],
+    `INSERT INTO provider_accounts (id, name, provider, config, credentials, created_at) VALUES ($1, $2, $3, $4::jsonb, $5::jsonb, $6) RETURNING ${COLUMNS}`,
+    [id, input.name, def.id, JSON.stringify(config), JSON.stringify(credentials), w.now],
   );
   const created = account as ProviderAccount;
-  w.audit({ targetId: created.id, details: { provider: def.id } });
+  w.audit({ targetId: created.id, details: { provider: def.id, credentials: shownCredentials(credentials) } });
+  w.wakeProviders(created.id);
   return created;
 }
 
@@ -59,4 +94,36 @@ export async function deleteProviderAccount(w: Write, id: string): Promise<Provi
 
 export async function listProviderAccounts(sql: Sql): Promise<ProviderAccount[]> {
   return sql.query<ProviderAccount>(`SELECT ${COLUMNS} FROM provider_accounts ORDER BY name`);
+}
+
+export async function getProviderAccount(sql: Sql, id: string): Promise<ProviderAccount | undefined> {
+  return one<ProviderAccount>(sql, `SELECT ${COLUMNS} FROM provider_accounts WHERE id = $1`, [id]);
+}
+
+/** The offers as last read from the provider, smallest first. */
+export async function offersOf(sql: Sql, accountId: string): Promise<(ProviderOffer & { refreshedAt: Date })[]> {
+  return sql.query(
+    `SELECT name, vcpus, memory_mib AS "memoryMib", disk_gib AS "diskGib", refreshed_at AS "refreshedAt"
+       FROM provider_offers WHERE account_id = $1 ORDER BY vcpus, memory_mib, disk_gib, name`,
+    [accountId],
+  );
+}
+
+/** Replace an account's offers with what the provider said now. Not audited: it records the provider's word. */
+export async function storeOffers(sql: Sql, accountId: string, offers: readonly ProviderOffer[], at: Date): Promise<void> {
+  await sql.query(`DELETE FROM provider_offers WHERE account_id = $1 AND NOT (name = ANY($2::text[]))`, [accountId, offers.map((o) => o.name)]);
+  for (const o of offers)
+    await sql.query(
+      `INSERT INTO provider_offers (account_id, name, vcpus, memory_mib, disk_gib, refreshed_at) VALUES ($1, $2, $3, $4, $5, $6)
+       ON CONFLICT (account_id, name) DO UPDATE SET vcpus = EXCLUDED.vcpus, memory_mib = EXCLUDED.memory_mib, disk_gib = EXCLUDED.disk_gib,
+         refreshed_at = EXCLUDED.refreshed_at`,
+      [accountId, o.name, o.vcpus, o.memoryMib, o.diskGib, at],
+    );
+}
+
+/** The smallest offer that holds a shape: fewest vCPUs, then least memory, then least disk. */
+export function smallestFitting<O extends ProviderOffer>(offers: readonly O[], shape: { vcpus: number; memoryMib: number; diskGib: number }): O | undefined {
+  return [...offers]
+    .filter((o) => o.vcpus >= shape.vcpus && o.memoryMib >= shape.memoryMib && o.diskGib >= shape.diskGib)
+    .sort((a, b) => a.vcpus - b.vcpus || a.memoryMib - b.memoryMib || a.diskGib - b.diskGib || a.name.localeCompare(b.name))[0];
 }

@@ -1,13 +1,14 @@
 import { AppError, invalid, notFound } from "../../../contracts/errors.ts";
-import { markDeleted, writeChange } from "../../instances/changes.ts";
 import { one } from "../../kernel/db.ts";
 import type { PoolDriver } from "../driver.ts";
+import { offersOf, smallestFitting } from "./accounts.ts";
+import { syncProviderInstance } from "./sync.ts";
 
 /**
  * Provider pools (`provider`): VMs on a cloud someone else runs, through a provider account. The provider
- * places and bills; we keep no node or address of ours. Until provider plugins can create machines, this
- * driver refuses creates (and charges nothing), so nothing is admitted that could not be converged and
- * deleted. Instances admitted before that (none should exist) can still be deleted.
+ * places and bills: admission holds no node and no address of ours, charges quota from the flavor's shape and
+ * records the smallest of the account's offers that holds it. The worker converges each instance through the
+ * provider's API (`sync`, core/pools/provider/sync.ts); nothing in a request calls the provider.
  */
 export const providerDriver: PoolDriver = {
   poolClass: "provider",
@@ -25,24 +26,37 @@ export const providerDriver: PoolDriver = {
   async provision() {},
 
   checkFlavor(shape) {
-    if (shape.gpus.length) throw invalid("provider flavors name no GPUs; the provider's server type decides them");
+    if (shape.gpus.length) throw invalid("provider flavors name no GPUs; the provider's machine type decides them", { path: "input.gpus" });
   },
 
-  async admit(_w, req) {
-    throw new AppError("UNSUPPORTED", `pool ${req.pool.name} is a provider pool: creating instances on a provider is not supported yet`);
+  async admit(w, req) {
+    const accountId = req.pool.providerAccountId as string;
+    const offers = await offersOf(w.sql, accountId);
+    const offer = smallestFitting(offers, req.shape);
+    if (!offer) {
+      const { vcpus, memoryMib, diskGib } = req.shape;
+      throw new AppError(
+        "UNSCHEDULABLE",
+        offers.length
+          ? `no offer of pool ${req.pool.name}'s provider holds ${vcpus} vCPUs, ${memoryMib} MiB and ${diskGib} GiB`
+          : `pool ${req.pool.name}'s provider offers are not known yet (the worker reads them from the provider)`,
+      );
+    }
+    return { nodeId: null, allocationId: null, addresses: [], image: null, runtime: null, offer: offer.name };
   },
 
   async resize() {
-    throw new AppError("UNSUPPORTED", "provider instances keep their shape");
+    throw new AppError("UNSUPPORTED", "provider instances keep their shape: the provider's machine type is fixed");
   },
 
   async release() {
     return {};
   },
 
-  async reconcile(w, inst) {
-    if (inst.desiredState !== "deleted" || inst.state === "deleted") return null;
-    if (inst.state !== "deleting") return writeChange(w, inst, { state: "deleting" }, "delete");
-    return markDeleted(w, inst, "deleted", {});
+  /** Provider instances move only through `sync`, in the worker, where the provider's API can be called. */
+  async reconcile() {
+    return null;
   },
+
+  sync: syncProviderInstance,
 };

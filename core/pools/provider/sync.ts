@@ -1,0 +1,153 @@
+import { lockInstance, markDeleted, writeChange } from "../../instances/changes.ts";
+import { INSTANCE_COLUMNS, type Instance } from "../../instances/model.ts";
+import { canTransition } from "../../instances/state.ts";
+import { one } from "../../kernel/db.ts";
+import type { SyncIo } from "../driver.ts";
+import { isProviderError, type Machine, ProviderError, type ProviderSession } from "./contract.ts";
+import { blocked, PROVIDER_ERROR, plan } from "./plan.ts";
+
+/** Looks and calls per run: enough to walk pending → running when the provider is quick, bounded otherwise. */
+const MAX_STEPS = 12;
+
+/** Consecutive waits per instance in this worker, for the backoff; reset by any change. */
+const waits = new Map<string, number>();
+
+/**
+ * One run of the provider reconciler for one instance (docs/architecture.md, "Providers"), outside any
+ * transaction: look at the machine, let `plan` say what is next, make the call or the guarded change, and
+ * repeat until the provider is busy (the caller polls again after the returned delay) or there is nothing to
+ * do. Every change re-reads the row under its lock and is re-planned against it, so a request that arrived
+ * meanwhile wins and a stale run changes nothing. The calls are idempotent, so a run repeated after a crash
+ * repeats nothing: create adopts the machine labelled with the instance id.
+ */
+export async function syncProviderInstance(io: SyncIo, instanceId: string): Promise<number | null> {
+  const row = await io.read((sql) =>
+    one<Instance & { accountId: string }>(
+      sql,
+      `SELECT ${INSTANCE_COLUMNS}, (SELECT provider_account_id FROM pools p WHERE p.id = instances.pool_id) AS "accountId"
+         FROM instances WHERE id = $1`,
+      [instanceId],
+    ),
+  );
+  if (!row || row.state === "deleted" || blocked(row)) return done(instanceId);
+  const { accountId, ...first } = row;
+  let inst: Instance = first;
+  let session: ProviderSession;
+  try {
+    session = await io.providers.session(accountId);
+  } catch (e) {
+    return failed(io, inst, e);
+  }
+  for (let i = 0; i < MAX_STEPS; i++) {
+    let machine: Machine | null;
+    try {
+      machine = inst.externalId ? await session.get(inst.externalId) : await session.find(inst.id);
+    } catch (e) {
+      return failed(io, inst, e, session);
+    }
+    const step = plan(inst, machine);
+    if (step.kind === "rest") return done(instanceId);
+    if (step.kind === "wait") return later(io, instanceId, session);
+    if (step.kind === "call") {
+      try {
+        if (step.call === "create") {
+          const made = await session.create(await createRequest(io, inst));
+          const next = await change(io, inst.id, (cur) =>
+            cur.state === "scheduling" && !cur.externalId
+              ? { set: { state: "provisioning", external_id: made.externalId, addresses: made.addresses, ...cleared(cur) }, reason: "provider:created" }
+              : null,
+          );
+          if (!next) return 0;
+          inst = next;
+          continue;
+        }
+        const target = machine?.externalId as string;
+        if (step.call === "start") await session.start(target);
+        else if (step.call === "stop") await session.stop(target);
+        else await session.delete(target);
+      } catch (e) {
+        return failed(io, inst, e, session, step.call);
+      }
+      return later(io, instanceId, session);
+    }
+    waits.delete(instanceId);
+    const next =
+      step.kind === "deleted"
+        ? await io.write({ actor: "reconciler" }, async (w) => {
+            const cur = await lockInstance(w, null, instanceId);
+            if (cur.version !== inst.version) return null;
+            return markDeleted(w, cur, "deleted", {});
+          })
+        : await change(io, instanceId, (cur) => (cur.version === inst.version ? { set: step.set, reason: step.reason } : null));
+    if (!next) return 0; // someone changed it meanwhile: look again at once
+    inst = next;
+    if (inst.state === "deleted") return done(instanceId);
+  }
+  return later(io, instanceId, session);
+}
+
+type Change = { set: Parameters<typeof writeChange>[2]; reason: string };
+
+/** A guarded change: `decide` sees the row under its lock and says what to write, or null to write nothing. */
+async function change(io: SyncIo, id: string, decide: (cur: Instance) => Change | null): Promise<Instance | null> {
+  return io.write({ actor: "reconciler" }, async (w) => {
+    const cur = await lockInstance(w, null, id);
+    const c = decide(cur);
+    return c ? writeChange(w, cur, c.set, c.reason) : null;
+  });
+}
+
+const cleared = (inst: Instance) =>
+  inst.conditions.some((c) => c.type === PROVIDER_ERROR) ? { conditions: inst.conditions.filter((c) => c.type !== PROVIDER_ERROR) } : {};
+
+/** What the reconciler asks the provider to make for an instance (exported for the crash-and-adopt test). */
+export async function createRequest(io: Pick<SyncIo, "sealer">, inst: Instance) {
+  if (!inst.offer) throw new ProviderError("invalid", "the instance has no provider offer recorded");
+  return {
+    instanceId: inst.id,
+    // A hostname that is the instance's own: the providers' name uniqueness is a second guard against twins.
+    name: `bc-${inst.id.slice(5)}`,
+    offer: inst.offer,
+    image: inst.imageId,
+    sshKeys: inst.sshKeys,
+    userData: inst.userDataSealed ? io.sealer.open(inst.userDataSealed, inst.id) : null,
+    start: inst.desiredState !== "stopped",
+  };
+}
+
+function done(instanceId: string): null {
+  waits.delete(instanceId);
+  return null;
+}
+
+/** The next look: backoff from pollMinMs doubling to pollMaxMs, never sooner than the provider's rate limit. */
+function later(io: SyncIo, instanceId: string, session?: ProviderSession, atLeast = 0): number {
+  const n = waits.get(instanceId) ?? 0;
+  waits.set(instanceId, n + 1);
+  const backoff = Math.min(io.poll.maxMs, io.poll.minMs * 2 ** Math.min(n, 16));
+  return Math.max(backoff, atLeast, session?.pace() ?? 0);
+}
+
+/**
+ * A failed look or call. Transient failures are noted on the instance (once) and tried again after the backoff;
+ * the others are conditions that wait for a person — in error, except while deleting, which keeps trying at
+ * the sweep's pace, because a machine nobody wants must not be left running on someone's bill.
+ */
+async function failed(io: SyncIo, inst: Instance, e: unknown, session?: ProviderSession, call?: string): Promise<number | null> {
+  if (!isProviderError(e)) throw e;
+  const message = call ? `${call}: ${e.message}` : e.message;
+  // Transient failures (a rate limit, a busy machine) are routine and retried: they are noted, not warned of.
+  (e.kind === "transient" ? io.log.info : io.log.warn)("provider call failed", { instanceId: inst.id, kind: e.kind, code: e.code, err: message });
+  const condition = { type: PROVIDER_ERROR, reason: e.kind, message };
+  const retried = e.kind === "transient" || inst.desiredState === "deleted";
+  await change(io, inst.id, (cur) => {
+    if (cur.version !== inst.version) return null;
+    const known = cur.conditions.find((c) => c.type === PROVIDER_ERROR);
+    const conditions = [...cur.conditions.filter((c) => c.type !== PROVIDER_ERROR), condition];
+    if (retried || !canTransition(cur.state, "error")) {
+      return known?.reason === condition.reason && known.message === condition.message ? null : { set: { conditions }, reason: "provider:error" };
+    }
+    return { set: { state: "error", conditions, retry_requested: false }, reason: "provider:error" };
+  });
+  return retried ? later(io, inst.id, session, e.retryAfterMs ?? 0) : done(inst.id);
+}
