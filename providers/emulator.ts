@@ -19,7 +19,7 @@ export interface EmulatedMachine {
 export interface ProviderEmulator {
   /** The provider plugin's id (`hetzner-cloud`, `proxmox-ve`). */
   provider: string;
-  /** Base URL of the API, as an account's `endpoint` takes it. */
+  /** Where the emulator listens (its root); `config` holds the API base an account names. */
   url: string;
   /** An account config for this emulator, as `createProviderAccount` takes it. */
   config: Record<string, unknown>;

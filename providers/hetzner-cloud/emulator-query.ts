@@ -150,3 +150,20 @@ export function paginate<T>(items: T[], url: URL): Page<T> {
     .join(", ");
   return { items: items.slice((page - 1) * perPage, page * perPage), meta: { pagination }, link };
 }
+
+/** One request as the routes see it, and what a route answers. */
+export interface Request {
+  method: string;
+  /** The path below `/v1`, e.g. `/servers/42`. */
+  path: string;
+  url: URL;
+  /** The path's captured ids, in order. */
+  params: string[];
+  body: unknown;
+}
+export interface Reply {
+  status: number;
+  body?: unknown;
+  link?: string;
+}
+export type Routes = [RegExp, Partial<Record<string, (req: Request) => Reply>>][];

@@ -1,23 +1,10 @@
 import { byIdOrName, IMAGES, imageJson, LOCATIONS, SERVER_TYPES, serverTypeJson } from "./emulator-catalog.ts";
-import { ApiError, invalidInput, labelSelector, paginate, readLabels, sortBy } from "./emulator-query.ts";
+import { ApiError, invalidInput, labelSelector, paginate, type Reply, type Request, type Routes, readLabels, sortBy } from "./emulator-query.ts";
+
+export type { Reply, Request, Routes };
+
 import { serverRoutes } from "./emulator-servers.ts";
 import type { ServerRec, World } from "./emulator-world.ts";
-
-export interface Request {
-  method: string;
-  /** The path below `/v1`, e.g. `/servers/42`. */
-  path: string;
-  url: URL;
-  /** The path's captured ids, in order. */
-  params: string[];
-  body: unknown;
-}
-export interface Reply {
-  status: number;
-  body?: unknown;
-  link?: string;
-}
-export type Routes = [RegExp, Partial<Record<string, (req: Request) => Reply>>][];
 
 const KEY = /^(ssh-(rsa|ed25519|dss)|ecdsa-sha2-nistp(256|384|521)|sk-(ssh-ed25519|ecdsa-sha2-nistp256)@openssh\.com) [A-Za-z0-9+/]+={0,2}( .*)?$/;
 

@@ -1,6 +1,5 @@
 import { byIdOrName, IMAGES, LOCATIONS, SERVER_TYPES } from "./emulator-catalog.ts";
-import { ApiError, invalidInput, labelSelector, paginate, readLabels, sortBy } from "./emulator-query.ts";
-import type { Reply, Request, Routes } from "./emulator-routes.ts";
+import { ApiError, invalidInput, labelSelector, paginate, type Reply, type Request, type Routes, readLabels, sortBy } from "./emulator-query.ts";
 import type { ServerRec, World } from "./emulator-world.ts";
 
 /** `/servers*` and `/actions*`: creation with its checks, lookups, updates, power actions and deletion. */

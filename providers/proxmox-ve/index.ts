@@ -1,17 +1,15 @@
-import { z } from "zod";
-import { defineProvider, secretRef } from "../../core/pools/provider/contract.ts";
+import { defineProvider } from "../../core/pools/provider/contract.ts";
+import { connectProxmox } from "./client.ts";
+import { proxmoxConfigSchema } from "./config.ts";
 
-/** Proxmox VE: the cluster's API endpoint, an API token (its secret by reference), and where VMs go. */
+/**
+ * Proxmox VE: VMs cloned from the account's template VMs on one node, through an API token (its secret is the
+ * `tokenSecret` credential). Proxmox sells no machine types, so the account lists the offers it allows.
+ */
 export const proxmoxVe = defineProvider({
   id: "proxmox-ve",
   displayName: "Proxmox VE",
-  accountConfig: z
-    .object({
-      endpoint: z.url(),
-      tokenId: z.string().min(1),
-      tokenSecret: secretRef,
-      node: z.string().min(1).optional(),
-      storage: z.string().min(1).optional(),
-    })
-    .strict(),
+  accountConfig: proxmoxConfigSchema,
+  credentials: ["tokenSecret"],
+  connect: (config, ctx) => connectProxmox(config, ctx),
 });

@@ -64,7 +64,7 @@ describe("provider pools, as processes", () => {
     proxmox = await startProxmoxEmulator({ actionMs: 30 });
     cluster = await startCluster({
       hosts: 0,
-      env: { ...providerEnv, LOG_LEVEL: "debug", [TOKEN_VAR]: hetzner.credentials.token as string, PROVIDER_ORPHAN_GRACE_MS: "1000" },
+      env: { ...providerEnv, LOG_LEVEL: "debug", [TOKEN_VAR]: hetzner.credentials.token as string, PROVIDER_ORPHAN_GRACE_MS: "1000", LIMIT_RATE_POINTS: "0" },
     });
     op = createClient({ url: cluster.url, token: cluster.operatorToken, fetch: recording });
   });

@@ -5,12 +5,14 @@ import { createRequest } from "../../core/pools/provider/sync.ts";
 import type { ProviderEmulator } from "../../providers/emulator.ts";
 import {
   DeleteInstanceDocument,
+  InstanceEventsCursorDocument,
   ProviderAccountDocument,
   ProviderOffersDocument,
   ResizeInstanceDocument,
   StartInstanceDocument,
   StopInstanceDocument,
 } from "../../sdk/client.ts";
+import { watchInstanceEvents } from "../../sdk/watch.ts";
 import { startWorker } from "../../worker/index.ts";
 import { until } from "../support/fixtures.ts";
 import { expectCode, type Harness, startHarness } from "../support/harness.ts";
@@ -71,6 +73,23 @@ describe.each(Object.keys(emulators))("provider %s", (provider) => {
     expect(running.offer).toBeTruthy();
     expect(machineOf(running.externalId)?.instanceId).toBe(inst.id);
     await expectCode(t.client.request(ResizeInstanceDocument, { id: inst.id, flavor: "small" }), "UNSUPPORTED");
+  });
+
+  it("runs an instance created through the SDK, and its events arrive on the subscription", async () => {
+    const after = (await t.client.request(InstanceEventsCursorDocument)).instanceEventsCursor;
+    const stop = new AbortController();
+    const seen: string[] = [];
+    const watch = (async () => {
+      for await (const e of watchInstanceEvents({ url: h.url, token: t.token, after, poolId: pool.poolId, signal: stop.signal })) {
+        seen.push(e.toState);
+        if (e.toState === "RUNNING") return;
+      }
+    })();
+    const inst = await createProviderInstance(t.client, pool);
+    await watch;
+    stop.abort();
+    expect(seen).toEqual(["PENDING", "SCHEDULING", "PROVISIONING", "STARTING", "RUNNING"]);
+    expect(await state(inst.id)).toBe("RUNNING");
   });
 
   it("creates exactly once for a replayed create", async () => {

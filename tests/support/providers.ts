@@ -1,6 +1,7 @@
 import { randomBytes } from "node:crypto";
 import type { ProviderEmulator } from "../../providers/emulator.ts";
 import { startHetznerEmulator } from "../../providers/hetzner-cloud/emulator.ts";
+import { startProxmoxEmulator } from "../../providers/proxmox-ve/emulator.ts";
 import {
   CreateFlavorDocument,
   CreateInstanceDocument,
@@ -15,7 +16,7 @@ import type { Harness } from "./harness.ts";
 /** Every provider plugin and its emulator: the conformance suite runs each case against each. */
 export const emulators: Record<string, (o: { actionMs: number }) => Promise<ProviderEmulator>> = {
   "hetzner-cloud": startHetznerEmulator,
-  "proxmox-ve": async (o) => (await import("../../providers/proxmox-ve/emulator.ts")).startProxmoxEmulator(o),
+  "proxmox-ve": startProxmoxEmulator,
 };
 
 /** Timing for provider tests: quick polls and sweeps, a short orphan grace. */
