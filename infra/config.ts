@@ -107,6 +107,11 @@ const schema = z.object({
       /** First and longest wait between two looks at a machine the provider is still working on. */
       pollMinMs: z.coerce.number().int().min(10).default(1_000),
       pollMaxMs: z.coerce.number().int().min(10).default(30_000),
+      /**
+       * A run creating a machine holds the instance this long (renewed while it works), so no second run makes a
+       * twin on providers without unique names; a run that died holds it no longer than this.
+       */
+      createLeaseMs: z.coerce.number().int().min(100).default(60_000),
       /** A resolved credential is used this long before it is resolved again (rotation takes effect). */
       credentialTtlMs: z.coerce.number().int().min(0).default(60_000),
     })
@@ -213,6 +218,7 @@ export function readEnv(env: NodeJS.ProcessEnv): Record<string, unknown> {
       pollMinMs: env.PROVIDER_POLL_MIN_MS,
       pollMaxMs: env.PROVIDER_POLL_MAX_MS,
       credentialTtlMs: env.PROVIDER_CREDENTIAL_TTL_MS,
+      createLeaseMs: env.PROVIDER_CREATE_LEASE_MS,
     }),
     live: prune({ bufferEvents: env.LIVE_BUFFER_EVENTS, keepAliveMs: env.WS_KEEPALIVE_MS, reauthMs: env.LIVE_REAUTH_MS, pollMs: env.LIVE_POLL_MS }),
     limits: prune({

@@ -145,6 +145,7 @@ export async function openPlatform(config: Config, opts: PlatformOptions = {}): 
       sealer: seal,
       log,
       poll: { minMs: config.providers.pollMinMs, maxMs: config.providers.pollMaxMs },
+      createLeaseMs: config.providers.createLeaseMs,
       providers: providerSessions({
         read,
         providers: config.vps.providers,

@@ -41,6 +41,8 @@ export interface Instance {
   externalId: string | null;
   /** Provider pools: the provider's machine type the flavor mapped to at admission. */
   offer: string | null;
+  /** Provider pools: while a run creates the machine, no other run may (core/pools/provider/sync.ts). */
+  createLeaseUntil: Date | null;
   addresses: string[];
   conditions: Condition[];
   /** Resource → amount charged to the tenant's quota while the instance is live. */
@@ -71,7 +73,7 @@ export const INSTANCE_COLUMNS = `id, tenant_id AS "tenantId", pool_id AS "poolId
   image_url AS "imageUrl", image_sha256 AS "imageSha256", image_format AS "imageFormat",
   image_verified AS "imageVerified", ssh_keys AS "sshKeys", user_data_sealed AS "userDataSealed", runtime,
   state, desired_state AS "desiredState", node_id AS "nodeId", allocation_id AS "allocationId",
-  external_id AS "externalId", offer, addresses, conditions, charge, charge_released AS "chargeReleased", version,
+  external_id AS "externalId", offer, create_lease_until AS "createLeaseUntil", addresses, conditions, charge, charge_released AS "chargeReleased", version,
   spec_generation AS "specGeneration", observed_state AS "observedState", observed_error AS "observedError",
   observed_retryable AS "observedRetryable", observed_shape AS "observedShape", observed_generation AS "observedGeneration",
   observed_at AS "observedAt", attempts, COALESCE(excluded_nodes, '{}') AS "excludedNodes", retry_requested AS "retryRequested",

@@ -93,6 +93,8 @@ export interface SyncIo {
   providers: ProviderSessions;
   sealer: Sealer;
   poll: { minMs: number; maxMs: number };
+  /** How long a run creating a provider machine holds its instance (renewed while it works). */
+  createLeaseMs: number;
   log: { info(msg: string, fields?: Record<string, unknown>): void; warn(msg: string, fields?: Record<string, unknown>): void };
 }
 

@@ -10,21 +10,10 @@ import {
   StartInstanceDocument,
   StopInstanceDocument,
 } from "../../sdk/client.ts";
-import { until } from "../support/fixtures.ts";
+import { prng, until } from "../support/fixtures.ts";
 import { eventViolations } from "../support/hosts.ts";
 import { invariantViolations, ledger } from "../support/ledger.ts";
 import { type Cluster, startCluster } from "./processes.ts";
-
-/** A small seeded PRNG (mulberry32): the same seed gives the same churn. */
-function prng(seed: number) {
-  let a = seed >>> 0;
-  return () => {
-    a = (a + 0x6d2b79f5) >>> 0;
-    let t = Math.imul(a ^ (a >>> 15), 1 | a);
-    t = (t + Math.imul(t ^ (t >>> 7), 61 | t)) ^ t;
-    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
-  };
-}
 
 /** Refusals a churn meets by racing its own requests (or asking to shrink a disk); anything else fails the run. */
 const EXPECTED = new Set(["PRECONDITION_FAILED", "UNSCHEDULABLE", "INVALID_INPUT"]);

@@ -19,22 +19,11 @@ import {
   StartInstanceDocument,
   StopInstanceDocument,
 } from "../../sdk/client.ts";
-import { until } from "../support/fixtures.ts";
+import { prng, until } from "../support/fixtures.ts";
 import { invariantViolations } from "../support/ledger.ts";
 import { EVENT_FIELDS, watcher } from "../support/live.ts";
 import { providerEnv } from "../support/providers.ts";
 import { type Cluster, startCluster } from "./processes.ts";
-
-/** The same seeded PRNG as the hosted churn: one seed, one run. */
-function prng(seed: number) {
-  let a = seed >>> 0;
-  return () => {
-    a = (a + 0x6d2b79f5) >>> 0;
-    let t = Math.imul(a ^ (a >>> 15), 1 | a);
-    t = (t + Math.imul(t ^ (t >>> 7), 61 | t)) ^ t;
-    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
-  };
-}
 
 const TOKEN_VAR = "BC_E2E_HCLOUD_TOKEN";
 

@@ -16,3 +16,14 @@ export async function until(what: string, check: () => Promise<boolean> | boolea
     await new Promise((r) => setTimeout(r, intervalMs));
   }
 }
+
+/** A small seeded PRNG (mulberry32): the same seed gives the same churn. */
+export function prng(seed: number) {
+  let a = seed >>> 0;
+  return () => {
+    a = (a + 0x6d2b79f5) >>> 0;
+    let t = Math.imul(a ^ (a >>> 15), 1 | a);
+    t = (t + Math.imul(t ^ (t >>> 7), 61 | t)) ^ t;
+    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
+  };
+}

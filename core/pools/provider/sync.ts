@@ -51,7 +51,8 @@ export async function syncProviderInstance(io: SyncIo, instanceId: string): Prom
     if (step.kind === "call") {
       try {
         if (step.call === "create") {
-          const made = await session.create(await createRequest(io, inst));
+          const made = await withCreateLease(io, inst.id, async () => session.create(await createRequest(io, inst)));
+          if (!made) return later(io, instanceId, session); // another run is creating it
           const next = await change(io, inst.id, (cur) =>
             cur.state === "scheduling" && !cur.externalId
               ? { set: { state: "provisioning", external_id: made.externalId, addresses: made.addresses, ...cleared(cur) }, reason: "provider:created" }
@@ -95,6 +96,31 @@ async function change(io: SyncIo, id: string, decide: (cur: Instance) => Change 
     const c = decide(cur);
     return c ? writeChange(w, cur, c.set, c.reason) : null;
   });
+}
+
+/**
+ * Run a create holding the instance's create lease, renewed while it runs and given back after. Create adopts
+ * a machine labelled with the instance, but a provider without unique names (Proxmox VE) could still get two
+ * clones from two runs at once — a job BullMQ took for stalled while it ran, say. Null: another run holds it.
+ */
+async function withCreateLease<T>(io: SyncIo, id: string, fn: () => Promise<T>): Promise<T | null> {
+  const take = (renew: boolean) =>
+    io.write({ actor: "reconciler" }, async (w) => {
+      const until = new Date(w.now.getTime() + io.createLeaseMs);
+      const rows = await w.sql.query(
+        `UPDATE instances SET create_lease_until = $2 WHERE id = $1 AND ($3 OR create_lease_until IS NULL OR create_lease_until < $4) RETURNING id`,
+        [id, until, renew, w.now],
+      );
+      return rows.length > 0;
+    });
+  if (!(await take(false))) return null;
+  const renewal = setInterval(() => void take(true).catch(() => {}), Math.max(50, io.createLeaseMs / 3));
+  try {
+    return await fn();
+  } finally {
+    clearInterval(renewal);
+    await io.write({ actor: "reconciler" }, (w) => w.sql.query(`UPDATE instances SET create_lease_until = NULL WHERE id = $1`, [id]));
+  }
 }
 
 const cleared = (inst: Instance) =>

@@ -1,5 +1,6 @@
 -- AlterTable
-ALTER TABLE "instances" ADD COLUMN     "offer" TEXT;
+ALTER TABLE "instances" ADD COLUMN     "create_lease_until" TIMESTAMPTZ(3),
+ADD COLUMN     "offer" TEXT;
 
 -- AlterTable
 ALTER TABLE "provider_accounts" ADD COLUMN     "credentials" JSONB NOT NULL DEFAULT '{}';
