@@ -1,9 +1,10 @@
-import { mkdir, readdir, readFile, rename, rm, writeFile } from "node:fs/promises";
 import { join } from "node:path";
 import { setTimeout as sleep } from "node:timers/promises";
-import { type CommandReport, commandReport, type HostCommand, hostCommand } from "../contracts/host.ts";
+import { type CommandReport, commandReport, type ExecChunk, type HostCommand, hostCommand } from "../contracts/host.ts";
+import { type CommandJournal, CommandJournals } from "./command-journal.ts";
+import { ExecOutput } from "./exec-output.ts";
 import type { InstanceLocks } from "./locks.ts";
-import { PRIVATE_DIR, PRIVATE_FILE, sweepTemporaries } from "./runtimes/files.ts";
+import { sweepTemporaries } from "./runtimes/files.ts";
 import type { Runtime } from "./runtimes/runtime.ts";
 
 export interface CommandRunnerOptions {
@@ -12,6 +13,8 @@ export interface CommandRunnerOptions {
   runtime: Runtime;
   /** Deliver a report to the server; resolving means the server has it. */
   send(report: CommandReport): Promise<void>;
+  /** Deliver an exec's output, chunks in `seq` order; resolving means the server has them. Retried like `send`. */
+  sendOutput(commandId: string, chunks: ExecChunk[]): Promise<void>;
   locks: InstanceLocks;
   log?: (msg: string, fields?: Record<string, unknown>) => void;
   now?: () => number;
@@ -19,30 +22,33 @@ export interface CommandRunnerOptions {
   retry?: { attemptMs?: number; firstMs?: number; maxMs?: number };
 }
 
-/** What the host remembers of a command, so a command delivered again (after any restart) runs once. */
-export interface CommandJournal {
-  command: HostCommand;
-  state: CommandReport["state"];
-  result: Record<string, unknown> | null;
-  error: string | null;
-  /** The server has the final report. */
-  confirmed: boolean;
-  startedAt: string;
-  finishedAt: string | null;
-}
+export type { CommandJournal };
 
 const DAY_MS = 24 * 60 * 60 * 1000;
+type ExecCommand = Extract<HostCommand, { kind: "instance.exec" }>;
+type Outcome = Pick<CommandJournal, "state" | "result" | "error">;
+/** Why an exec found running in a journal at start is not run again: its output so far is lost. */
+export const EXEC_INTERRUPTED = "the agent restarted while the command ran";
+/** Thrown into an exec the runner stops waiting for because it is closing. */
+const LEAVING = new Error("the agent is closing");
 const finalReport = (j: CommandJournal): CommandReport => ({ id: j.command.id, state: j.state, result: j.result, error: j.error });
 const messageOf = (e: unknown) => (e instanceof Error ? e.message : String(e)).slice(0, 4000);
 
 /**
  * Runs host commands (contracts/host.ts): at most once per id, across agent restarts, through a journal file
- * per command. A command is journalled `running` before anything is done, so one the agent died in is run
- * again (the runtime's operations are idempotent by snapshot id); a finished one only has its final report
- * sent again. Reports are sent with retries that never hold up another command or the command's own work.
+ * per command. A command is journalled `running` before anything is done, so a snapshot or restore the agent
+ * died in is run again (the runtime's operations are idempotent by snapshot id); an exec is not (running a
+ * command twice is not harmless, and its output is lost): it is reported failed. A finished one only has its
+ * final report sent again. Reports are sent with retries that never hold up another command or the command's
+ * own work; an exec's output goes the same way, all of it before its final report.
+ *
+ * Snapshot and restore hold their instance's lock while they run. An exec does not: it can last an hour, and
+ * holding the lock would stop convergence of its instance for that long (a stop or delete of the sandbox
+ * would wait for the command) and run one instance's execs one after another. It only waits for the commands
+ * ahead of it on the instance (a snapshot keeps the domain off for a moment) before it starts.
  */
 export class CommandRunner {
-  private readonly dir: string;
+  private readonly journal: CommandJournals;
   private readonly now: () => number;
   private readonly log: NonNullable<CommandRunnerOptions["log"]>;
   private readonly retry: Required<NonNullable<CommandRunnerOptions["retry"]>>;
@@ -50,11 +56,13 @@ export class CommandRunner {
   /** Per command, the newest report not yet delivered and the loop delivering it. */
   private readonly outbox = new Map<string, { report: CommandReport; done: Promise<void> }>();
   private readonly closing = new AbortController();
+  /** Aborted first on close: execs are left as they are (journalled running, so the next start reports them). */
+  private readonly leaving = new AbortController();
   /** Cuts every backoff short (a reconnect: the server is likely reachable again). */
   private nudge = new AbortController();
 
   constructor(private readonly o: CommandRunnerOptions) {
-    this.dir = join(o.stateDir, "commands");
+    this.journal = new CommandJournals(join(o.stateDir, "commands"));
     this.now = o.now ?? Date.now;
     this.log = o.log ?? (() => {});
     this.retry = { attemptMs: 10_000, firstMs: 250, maxMs: 30_000, ...o.retry };
@@ -74,15 +82,20 @@ export class CommandRunner {
   }
 
   /**
-   * Run again the commands the agent died running, whatever their deadline (they were started before it).
-   * Call at start, before the first converge pass: each has taken its instance's lock by the time this
-   * settles, so the converger does not touch a domain a save left stopped. They finish in the background.
+   * Run again the snapshots and restores the agent died running, whatever their deadline (they were started
+   * before it), and report the execs it died running failed. Call at start, before the first converge pass:
+   * each command run again has taken its instance's lock by the time this settles, so the converger does not
+   * touch a domain a save left stopped. They finish in the background.
    */
   async recover(): Promise<void> {
-    sweepTemporaries(this.dir);
+    sweepTemporaries(this.journal.dir);
     const held: Promise<void>[] = [];
-    for (const j of await this.journals()) {
+    for (const j of await this.journal.all()) {
       if (j.state !== "running" || this.inflight.has(j.command.id)) continue;
+      if (j.command.kind === "instance.exec") {
+        held.push(this.once(j.command.id, () => this.finish(j, { state: "failed", result: null, error: EXEC_INTERRUPTED })));
+        continue;
+      }
       this.log("command resumed after a restart", { id: j.command.id, kind: j.command.kind });
       let taken = () => {};
       held.push(new Promise<void>((r) => (taken = r)));
@@ -95,15 +108,15 @@ export class CommandRunner {
   async resendUnconfirmed(): Promise<void> {
     this.nudge.abort();
     this.nudge = new AbortController();
-    for (const j of await this.journals()) if (j.state !== "running" && !j.confirmed) this.deliver(finalReport(j));
+    for (const j of await this.journal.all()) if (j.state !== "running" && !j.confirmed) this.deliver(finalReport(j));
   }
 
   /** Forget commands whose final report the server confirmed more than `maxAgeMs` ago. Returns how many. */
   async prune(maxAgeMs = DAY_MS): Promise<number> {
     let pruned = 0;
-    for (const j of await this.journals()) {
+    for (const j of await this.journal.all()) {
       if (!j.confirmed || !j.finishedAt || this.now() - Date.parse(j.finishedAt) < maxAgeMs || this.inflight.has(j.command.id)) continue;
-      await rm(this.path(j.command.id), { force: true });
+      await this.journal.remove(j.command.id);
       pruned++;
     }
     return pruned;
@@ -114,8 +127,12 @@ export class CommandRunner {
     while (this.inflight.size > 0) await Promise.allSettled([...this.inflight.values()]);
   }
 
-  /** Let running commands finish, then stop sending: what is unconfirmed is sent again after the next start. */
+  /**
+   * Let running snapshots and restores finish, leave execs (the next start reports them failed), then stop
+   * sending: what is unconfirmed is sent again after the next start.
+   */
   async close(): Promise<void> {
+    this.leaving.abort();
     await this.settled();
     this.closing.abort();
     await Promise.allSettled([...this.outbox.values()].map((b) => b.done));
@@ -133,8 +150,10 @@ export class CommandRunner {
   }
 
   private async handle(cmd: HostCommand): Promise<void> {
-    const known = await this.read(cmd.id);
+    const known = await this.journal.read(cmd.id);
     if (known && known.state !== "running") return this.deliver(finalReport(known));
+    // Running in the journal but not in this process: an earlier one died in it.
+    if (known?.command.kind === "instance.exec") return this.finish(known, { state: "failed", result: null, error: EXEC_INTERRUPTED });
     if (known) return this.run(known);
     const at = new Date(this.now()).toISOString();
     if (this.now() > Date.parse(cmd.deadline)) {
@@ -147,21 +166,22 @@ export class CommandRunner {
         startedAt: at,
         finishedAt: at,
       };
-      await this.write(refused);
+      await this.journal.write(refused);
       return this.deliver(finalReport(refused));
     }
     const started: CommandJournal = { command: cmd, state: "running", result: null, error: null, confirmed: false, startedAt: at, finishedAt: null };
-    await this.write(started);
+    await this.journal.write(started);
     return this.run(started);
   }
 
   /** Run a journalled command under its instance's lock; `taken` is called once the lock is held. */
   private async run(j: CommandJournal, taken: () => void = () => {}): Promise<void> {
     const { command } = j;
+    if (command.kind === "instance.exec") return this.runExec(j, command);
     this.deliver({ id: command.id, state: "running", result: null, error: null });
     const lease = await this.o.locks.acquire(command.args.instanceId);
     taken();
-    let outcome: Pick<CommandJournal, "state" | "result" | "error">;
+    let outcome: Outcome;
     try {
       const before = (await this.o.runtime.list()).find((d) => d.id === command.args.instanceId);
       if (before) lease.pin(before);
@@ -171,13 +191,59 @@ export class CommandRunner {
     } finally {
       lease.release();
     }
+    await this.finish(j, outcome);
+  }
+
+  /** Run an exec (not under its instance's lock: see the class comment) and deliver its output, then its result. */
+  private async runExec(j: CommandJournal, cmd: ExecCommand): Promise<void> {
+    const { instanceId, ...req } = cmd.args;
+    this.deliver({ id: cmd.id, state: "running", result: null, error: null });
+    // Taken and given back at once: only the wait for a snapshot or restore already holding it matters.
+    (await this.o.locks.acquire(instanceId)).release();
+    if (this.leaving.signal.aborted) return;
+    const output = new ExecOutput({
+      attempt: (chunks) => this.bounded(() => this.o.sendOutput(cmd.id, chunks), this.leaving.signal),
+      backoff: (failures) => this.backoff(failures, this.leaving.signal),
+      stop: this.leaving.signal,
+      onRetry: (e) => this.log("exec output not delivered, will retry", { id: cmd.id, err: String(e) }),
+    });
+    let outcome: Outcome;
+    try {
+      const result = await this.unlessLeaving(this.o.runtime.exec(instanceId, req, (stream, data) => output.push(stream, data)));
+      outcome = { state: "succeeded", result, error: null };
+    } catch (e) {
+      if (e === LEAVING) return;
+      // The output before the refusal still goes first: it may say why.
+      outcome = { state: "failed", result: null, error: messageOf(e) };
+    }
+    try {
+      await output.end();
+    } catch {
+      return; // closing: left running in the journal
+    }
+    await this.finish(j, outcome);
+  }
+
+  /** Journal the outcome, then queue its report. */
+  private async finish(j: CommandJournal, outcome: Outcome): Promise<void> {
     const finished: CommandJournal = { ...j, ...outcome, finishedAt: new Date(this.now()).toISOString() };
-    this.log(`command ${finished.state}`, { id: command.id, kind: command.kind, error: finished.error ?? undefined });
-    await this.write(finished);
+    this.log(`command ${finished.state}`, { id: j.command.id, kind: j.command.kind, error: finished.error ?? undefined });
+    await this.journal.write(finished);
     this.deliver(finalReport(finished));
   }
 
-  private async execute(cmd: HostCommand): Promise<Record<string, unknown>> {
+  /** `work`'s outcome, or LEAVING as soon as the runner closes (the work goes on, unobserved). */
+  private unlessLeaving<T>(work: Promise<T>): Promise<T> {
+    const signal = this.leaving.signal;
+    return new Promise<T>((resolve, reject) => {
+      const leave = () => reject(LEAVING);
+      if (signal.aborted) leave();
+      signal.addEventListener("abort", leave, { once: true });
+      work.then(resolve, reject).finally(() => signal.removeEventListener("abort", leave));
+    });
+  }
+
+  private async execute(cmd: Exclude<HostCommand, ExecCommand>): Promise<Record<string, unknown>> {
     const { instanceId, snapshotId } = cmd.args;
     switch (cmd.kind) {
       case "instance.snapshot": {
@@ -209,69 +275,40 @@ export class CommandRunner {
     for (let failures = 0; !this.closing.signal.aborted; ) {
       const report = entry.report;
       try {
-        await this.attempt(report);
+        await this.bounded(() => this.o.send(report), this.closing.signal);
         if (report.state !== "running") await this.confirm(report.id);
         if (entry.report === report) break;
         failures = 0;
       } catch (e) {
         if (this.closing.signal.aborted) break;
         this.log("command report not delivered, will retry", { id: report.id, state: report.state, err: String(e) });
-        const wait = Math.min(this.retry.maxMs, this.retry.firstMs * 2 ** failures++);
-        await sleep(wait, undefined, { signal: AbortSignal.any([this.closing.signal, this.nudge.signal]) }).catch(() => {});
+        await this.backoff(failures++, this.closing.signal);
       }
     }
     this.outbox.delete(entry.report.id);
   }
 
-  /** One send, bounded: a server that never answers must not hold the report forever. */
-  private attempt(report: CommandReport): Promise<void> {
-    if (this.closing.signal.aborted) return Promise.reject(new Error("closing"));
-    const bound = AbortSignal.any([this.closing.signal, AbortSignal.timeout(this.retry.attemptMs)]);
+  /** One send, bounded: a server that never answers must not hold a report (or output) forever. */
+  private bounded(send: () => Promise<void>, stop: AbortSignal): Promise<void> {
+    if (stop.aborted) return Promise.reject(new Error("closing"));
+    const bound = AbortSignal.any([stop, AbortSignal.timeout(this.retry.attemptMs)]);
     return new Promise<void>((resolve, reject) => {
-      const stop = () => reject(new Error(this.closing.signal.aborted ? "closing" : `no answer within ${this.retry.attemptMs} ms`));
-      bound.addEventListener("abort", stop, { once: true });
-      this.o
-        .send(report)
+      const end = () => reject(new Error(stop.aborted ? "closing" : `no answer within ${this.retry.attemptMs} ms`));
+      bound.addEventListener("abort", end, { once: true });
+      send()
         .then(resolve, reject)
-        .finally(() => bound.removeEventListener("abort", stop));
+        .finally(() => bound.removeEventListener("abort", end));
     });
   }
 
+  /** The wait after `failures` failed sends, cut short by `stop` or a reconnect. */
+  private async backoff(failures: number, stop: AbortSignal): Promise<void> {
+    const wait = Math.min(this.retry.maxMs, this.retry.firstMs * 2 ** failures);
+    await sleep(wait, undefined, { signal: AbortSignal.any([stop, this.nudge.signal]) }).catch(() => {});
+  }
+
   private async confirm(id: string): Promise<void> {
-    const j = await this.read(id);
-    if (j && j.state !== "running" && !j.confirmed) await this.write({ ...j, confirmed: true });
-  }
-
-  private path(id: string): string {
-    // Ids are validated by the schema (cmd_[a-z2-7]+), so they are safe file names.
-    return join(this.dir, `${id}.json`);
-  }
-
-  private async read(id: string): Promise<CommandJournal | null> {
-    try {
-      return JSON.parse(await readFile(this.path(id), "utf8")) as CommandJournal;
-    } catch (e) {
-      if ((e as NodeJS.ErrnoException).code === "ENOENT") return null;
-      throw e;
-    }
-  }
-
-  private async journals(): Promise<CommandJournal[]> {
-    const names = await readdir(this.dir).catch(() => [] as string[]);
-    const out: CommandJournal[] = [];
-    for (const n of names) {
-      if (!/^cmd_[a-z2-7]+\.json$/.test(n)) continue;
-      const j = await this.read(n.slice(0, -5));
-      if (j) out.push(j);
-    }
-    return out;
-  }
-
-  /** Aside and renamed: a journal is the old one or the new one, never half of either. */
-  private async write(j: CommandJournal): Promise<void> {
-    await mkdir(this.dir, { recursive: true, mode: PRIVATE_DIR });
-    const file = this.path(j.command.id);
-    await writeFile(`${file}.tmp`, `${JSON.stringify(j, null, 2)}\n`, { mode: PRIVATE_FILE });
-    await rename(`${file}.tmp`, file);
+    const j = await this.journal.read(id);
+    if (j && j.state !== "running" && !j.confirmed) await this.journal.write({ ...j, confirmed: true });
   }
 }

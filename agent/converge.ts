@@ -93,7 +93,9 @@ export class Converger {
     const rt = this.runtime;
     if (!d) {
       await rt.create(inst);
-      d = { id: inst.id, state: "stopped", shape: { vcpus: inst.vcpus, memoryMib: inst.memoryMib, diskGib: inst.diskGib }, addresses: [] };
+      // A domain made from a snapshot waits paused at its saved point; any other is defined and stopped.
+      const state = inst.fromSnapshot ? "paused" : "stopped";
+      d = { id: inst.id, state, shape: { vcpus: inst.vcpus, memoryMib: inst.memoryMib, diskGib: inst.diskGib }, addresses: [] };
     }
     const shape = { vcpus: inst.vcpus, memoryMib: inst.memoryMib, diskGib: inst.diskGib };
     const reshaped = d.shape.vcpus !== shape.vcpus || d.shape.memoryMib !== shape.memoryMib || d.shape.diskGib !== shape.diskGib;

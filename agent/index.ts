@@ -8,6 +8,7 @@ import {
   NodeCommandsDocument,
   NodeSpecDocument,
   ReportCommandDocument,
+  ReportExecOutputDocument,
   ReportStatusDocument,
   SdkError,
 } from "../sdk/client.ts";
@@ -60,6 +61,16 @@ export async function startAgent(opts: AgentOptions) {
         // report's shape): sending it again would get the same answer forever.
         if (e instanceof SdkError && (e.code === "NOT_FOUND" || e.code === "INVALID_INPUT"))
           return log("command report refused", { id: report.id, err: String(e) });
+        throw e;
+      }
+    },
+    sendOutput: async (commandId, chunks) => {
+      try {
+        await http.request(ReportExecOutputDocument, { commandId, chunks });
+      } catch (e) {
+        // As for reports: the server's final word on this output; it would refuse it again.
+        if (e instanceof SdkError && (e.code === "NOT_FOUND" || e.code === "INVALID_INPUT"))
+          return log("exec output refused", { id: commandId, err: String(e) });
         throw e;
       }
     },

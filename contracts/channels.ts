@@ -21,6 +21,8 @@ export const channels = {
   nodeSpecs: z.object({ nodeId: z.string(), generation: z.number().int() }),
   /** A node has host commands to fetch; keyed by node id like its specs. */
   hostCommands: z.object({ nodeId: z.string() }),
+  /** An exec command has new output or finished; keyed by command id, so only its watchers hear. */
+  execOutput: z.object({ commandId: z.string() }),
   /** A credential stopped being valid (`tok:<id>`, `node:<id>`): connections authenticated by it are closed. */
   credentialsRevoked: z.object({ key: z.string() }),
 } as const;

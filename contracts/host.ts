@@ -21,6 +21,23 @@ export const capacity = z.object({
 });
 export type Capacity = z.infer<typeof capacity>;
 
+/**
+ * Where a sandbox's guest may send traffic: nothing (`none`; DHCP and ARP still pass), only the listed
+ * destinations (`allowlist`), or anything (`all`). Hosts enforce it on the instance's tap (tapFor).
+ */
+export const egressRule = z.object({
+  cidr: z.string(),
+  /** null: every port. */
+  port: z.number().int().min(1).max(65535).nullable(),
+  proto: z.enum(["tcp", "udp"]),
+});
+export type EgressRule = z.infer<typeof egressRule>;
+export const networkPolicy = z.object({ egress: z.enum(["none", "allowlist", "all"]), allow: z.array(egressRule).default([]) });
+export type NetworkPolicy = z.infer<typeof networkPolicy>;
+
+/** The host interface (tap) of an instance's NIC: the same name for the runtime and the host's egress rules (≤ 15 characters). */
+export const tapFor = (instanceId: string) => `bct${instanceId.slice(5, 17)}`;
+
 /** What the host should make true for one instance. */
 export const instanceSpec = z.object({
   id: z.string(),
@@ -36,6 +53,15 @@ export const instanceSpec = z.object({
   userData: z.string().nullable(),
   hostname: z.string(),
   nic: z.object({ bridge: z.string(), mac: z.string(), address: z.string().nullable(), prefix: z.number().int().nullable(), gateway: z.string().nullable() }),
+  /** Environment a login in the guest sees (exported through the seed) and exec commands get. */
+  env: z.record(z.string(), z.string()).default({}),
+  /** Egress policy on the instance's tap; `all` for instances that are not sandboxes. */
+  network: networkPolicy.default({ egress: "all", allow: [] }),
+  /**
+   * Make the domain from another instance's snapshot on this host (a sandbox restored from a snapshot): its
+   * disk and memory as saved, running on from there, with this instance's identity (name, MAC, tap).
+   */
+  fromSnapshot: z.object({ instanceId: z.string(), snapshotId: z.string() }).nullable().default(null),
 });
 export type InstanceSpec = z.infer<typeof instanceSpec>;
 
@@ -95,7 +121,7 @@ export function macFor(instanceId: string, hash: (s: string) => string): string 
  * Commands arrive on the same websocket as the spec; the host answers with CommandReports (`running` when
  * it takes the command, then `succeeded` or `failed`), and the server's reconciler settles the result.
  */
-export const hostCommandKinds = ["instance.snapshot", "instance.restore"] as const;
+export const hostCommandKinds = ["instance.snapshot", "instance.restore", "instance.exec"] as const;
 export type HostCommandKind = (typeof hostCommandKinds)[number];
 
 const commandBase = {
@@ -103,6 +129,25 @@ const commandBase = {
   /** ISO 8601: past it the host refuses to start the command (the server has given up on it by then). */
   deadline: z.iso.datetime({ offset: true }),
 };
+export const execRequest = z.object({
+  instanceId: z.string().regex(/^inst_[a-z2-7]{52}$/),
+  /** argv: the program and its arguments (looked up in PATH when it has no slash). */
+  command: z.array(z.string().max(65_536)).min(1).max(1024),
+  /** Added to the guest's environment (the template's env, then the request's). */
+  env: z.record(z.string(), z.string()).default({}),
+  stdin: z.string().max(1_048_576).nullable().default(null),
+  timeoutMs: z.number().int().min(1).max(3_600_000),
+});
+export type ExecRequest = z.infer<typeof execRequest>;
+
+/** A piece of a running command's output, in order per command (`seq` from 0). UTF-8 text. */
+export const execChunk = z.object({ seq: z.number().int().min(0), stream: z.enum(["stdout", "stderr"]), data: z.string().max(1_048_576) });
+export type ExecChunk = z.infer<typeof execChunk>;
+
+/** How an exec ended: its exit code, or the signal that killed it (a timeout kills it). */
+export const execResult = z.object({ exitCode: z.number().int().nullable(), signal: z.string().nullable(), timedOut: z.boolean() });
+export type ExecResult = z.infer<typeof execResult>;
+
 const snapshotRef = z.object({
   instanceId: z.string().regex(/^inst_[a-z2-7]{52}$/),
   snapshotId: z.string().regex(/^snap_[a-z2-7]+$/),
@@ -113,6 +158,11 @@ export const hostCommand = z.discriminatedUnion("kind", [
   z.object({ ...commandBase, kind: z.literal("instance.snapshot"), args: snapshotRef }),
   /** Put the instance back to `snapshotId` (its memory and disk as saved); it runs on from there. */
   z.object({ ...commandBase, kind: z.literal("instance.restore"), args: snapshotRef }),
+  /**
+   * Run a command in the guest. Output goes back as ExecChunks while it runs; the final report's result is an
+   * execResult. Past `timeoutMs` the command is killed.
+   */
+  z.object({ ...commandBase, kind: z.literal("instance.exec"), args: execRequest }),
 ]);
 export type HostCommand = z.infer<typeof hostCommand>;
 

@@ -9,6 +9,7 @@ import { z } from "zod";
 /** The deployment settings schedules read (a structural slice of the platform's config). */
 interface Settings {
   hosts: { sweepMs: number };
+  sandboxes: { sweepMs: number };
   providers: { sweepMs: number };
 }
 
@@ -48,6 +49,28 @@ export const jobCatalog = {
     backoffMs: 2000,
     concurrency: 2,
     everyMs: (c: Settings) => c.providers.sweepMs,
+  },
+  /**
+   * Sandboxes: delete those past their deadline (the reason says ttl), and keep each template's warm pool at its
+   * target — boot what is missing, drain instances of older versions and of deleted templates. Periodic, woken
+   * by template and sandbox changes, and enqueued with a delay at each deadline so expiry is on time.
+   */
+  "vps.sandboxes": {
+    payload: z.object({}),
+    jobId: () => "sandboxes",
+    attempts: 3,
+    backoffMs: 500,
+    concurrency: 1,
+    everyMs: (c: Settings) => c.sandboxes.sweepMs,
+  },
+  /** One sandbox's deadline, enqueued with a delay when it is set: expiry on time without a tight sweep. */
+  "vps.sandbox.expire": {
+    payload: z.object({ sandboxId: z.string().regex(/^sbx_[a-z2-7]+$/) }),
+    jobId: (p: { sandboxId: string }) => p.sandboxId,
+    attempts: 3,
+    backoffMs: 500,
+    concurrency: 2,
+    everyMs: undefined,
   },
   /**
    * The safety net: silent nodes become lost, orphans past their grace are removed, specs an agent has not

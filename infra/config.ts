@@ -35,6 +35,7 @@ export interface ConfigFile {
     commandTimeoutMs?: number;
   };
   providers?: Partial<Config["providers"]>;
+  sandboxes?: Partial<Config["sandboxes"]>;
   live?: { bufferEvents?: number; keepAliveMs?: number; reauthMs?: number; pollMs?: number };
   limits?: Partial<Config["limits"]>;
   vps?: {
@@ -95,6 +96,14 @@ const schema = z.object({
       joinTokenTtlSeconds: z.coerce.number().int().min(10).default(3600),
       /** How long a host has to finish a command (a snapshot, a restore) before it is given up. */
       commandTimeoutMs: z.coerce.number().int().min(1000).default(3_600_000),
+    })
+    .prefault({}),
+  /** Sandboxes: how often deadlines and warm pools are checked, and the warm-pool quota tenants get by default. */
+  sandboxes: z
+    .object({
+      sweepMs: z.coerce.number().int().min(50).default(15_000),
+      /** `sandbox_warm` limit (warm instances over all of a tenant's templates) where the operator set none. */
+      defaultWarmQuota: z.coerce.number().int().min(0).default(4),
     })
     .prefault({}),
   /** Provider pools: how the worker paces its calls to providers' APIs. */
@@ -212,6 +221,7 @@ export function readEnv(env: NodeJS.ProcessEnv): Record<string, unknown> {
       joinTokenTtlSeconds: env.JOIN_TOKEN_TTL_S,
       commandTimeoutMs: env.HOST_COMMAND_TIMEOUT_MS,
     }),
+    sandboxes: prune({ sweepMs: env.SANDBOX_SWEEP_MS, defaultWarmQuota: env.SANDBOX_WARM_QUOTA }),
     providers: prune({
       sweepMs: env.PROVIDER_SWEEP_MS,
       orphanGraceMs: env.PROVIDER_ORPHAN_GRACE_MS,
@@ -257,6 +267,7 @@ export function parseConfig(file: ConfigFile = {}, env: NodeJS.ProcessEnv = {}):
     ...fromEnv,
     hosts: { ...file.hosts, ...(fromEnv.hosts as object | undefined) },
     providers: { ...file.providers, ...(fromEnv.providers as object | undefined) },
+    sandboxes: { ...file.sandboxes, ...(fromEnv.sandboxes as object | undefined) },
     live: { ...file.live, ...(fromEnv.live as object | undefined) },
     limits: { ...file.limits, ...(fromEnv.limits as object | undefined) },
     vps: { ...file.vps, ...(fromEnv.vps as object | undefined) },

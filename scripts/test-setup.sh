@@ -48,7 +48,7 @@ fi
 # --- libvirt and QEMU (tests/kvm) -------------------------------------------------------------------------
 pkgs=()
 for pair in virsh:libvirt-clients libvirtd:libvirt-daemon-system qemu-system-x86_64:qemu-system-x86 qemu-img:qemu-utils \
-  genisoimage:genisoimage busybox:busybox-static debugfs:e2fsprogs modinfo:kmod cpio:cpio xz:xz-utils ip:iproute2; do
+  genisoimage:genisoimage busybox:busybox-static debugfs:e2fsprogs modinfo:kmod cpio:cpio xz:xz-utils ip:iproute2 nft:nftables; do
   command -v "${pair%%:*}" >/dev/null || pkgs+=("${pair#*:}")
 done
 dpkg -s libvirt-dev >/dev/null 2>&1 || pkgs+=(libvirt-dev)

@@ -1,6 +1,7 @@
 import type { Platform } from "../infra/platform.ts";
 import { sweepProviders } from "./jobs/providers.ts";
 import { reconcileInstance } from "./jobs/reconcile-instance.ts";
+import { expireSandbox, tendSandboxes } from "./jobs/sandboxes.ts";
 import { sweep } from "./jobs/sweep.ts";
 
 /** The worker: every job of the catalog, each handled by its file in jobs/. */
@@ -11,6 +12,8 @@ export function startWorker(platform: Platform) {
       // A poll only wakes the reconciler: its job id is the instance's, so it never runs beside it.
       "vps.poll": (p) => platform.jobs.enqueue("vps.instances", p),
       "vps.providers": (p) => sweepProviders(platform, p.accountId),
+      "vps.sandboxes": () => tendSandboxes(platform),
+      "vps.sandbox.expire": (p) => expireSandbox(platform, p.sandboxId),
       "vps.sweep": () => sweep(platform),
     },
     platform.config,

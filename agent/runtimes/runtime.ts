@@ -1,4 +1,4 @@
-import type { Capacity, InstanceSpec } from "../../contracts/host.ts";
+import type { Capacity, ExecRequest, ExecResult, InstanceSpec } from "../../contracts/host.ts";
 
 /**
  * One domain as a runtime sees it. Only domains the platform named (`inst_…`) are listed. `crashed`: the guest
@@ -36,7 +36,11 @@ export interface Runtime {
   readonly serves?: readonly string[];
   capacity(): Promise<Capacity>;
   list(): Promise<DomainStatus[]>;
-  /** Fetch and verify the image, make the overlay and the NoCloud seed, define the domain (stopped). */
+  /**
+   * Fetch and verify the image, make the overlay and the NoCloud seed, define the domain (stopped). With
+   * `spec.fromSnapshot`, the domain is made from that snapshot of another domain on this host instead: its disk
+   * and memory, with this spec's identity, left paused at the saved point (the converger then runs it).
+   */
   create(spec: InstanceSpec): Promise<void>;
   start(id: string): Promise<void>;
   /** Graceful shutdown within a bound, then forced. */
@@ -59,5 +63,11 @@ export interface Runtime {
    * An unknown snapshot is a non-retryable RuntimeError.
    */
   restore(id: string, snapshotId: string): Promise<void>;
+  /**
+   * Run a command in a running guest, with the spec's env plus the request's, stdin if given; each piece of
+   * output goes to `onOutput` as it comes, in order. Killed past `timeoutMs` (timedOut). A guest the runtime
+   * cannot reach (no guest agent) is a non-retryable RuntimeError that says so.
+   */
+  exec(id: string, req: Omit<ExecRequest, "instanceId">, onOutput: (stream: "stdout" | "stderr", data: string) => void): Promise<ExecResult>;
   close(): Promise<void>;
 }

@@ -18,7 +18,7 @@ export function renderSeed(spec: InstanceSpec): SeedFiles {
   const scalar = (s: string) => (/^[A-Za-z0-9][A-Za-z0-9._-]*$/.test(s) ? s : JSON.stringify(s));
   const metaData = `instance-id: ${scalar(spec.id)}\nlocal-hostname: ${scalar(spec.hostname)}\n`;
   const keys = spec.sshKeys.map((k) => `  - ${JSON.stringify(k)}\n`).join("");
-  const cloudConfig = `#cloud-config\nssh_authorized_keys:${keys ? `\n${keys}` : " []\n"}`;
+  const cloudConfig = `#cloud-config\nssh_authorized_keys:${keys ? `\n${keys}` : " []\n"}${envFiles(spec.env)}`;
   const network = networkConfig(spec);
   if (!spec.userData) return { "meta-data": metaData, "user-data": cloudConfig, "network-config": network };
   // Derived from the content, so it cannot occur inside it.
@@ -30,6 +30,27 @@ export function renderSeed(spec: InstanceSpec): SeedFiles {
     part("text/plain", spec.userData) +
     `--${boundary}--\n`;
   return { "meta-data": metaData, "user-data": userData, "network-config": network };
+}
+
+/** Where the spec's env is exported for logins (every POSIX login shell reads /etc/profile.d/*.sh). */
+export const ENV_PROFILE = "/etc/profile.d/bc-env.sh";
+
+/**
+ * The spec's env as a profile script, through cloud-init's write_files: a login sees the same variables that
+ * exec gives a command. Names a shell cannot export are left out of the script (exec still passes them).
+ * Single-quoted values: nothing in them is expanded, whatever they hold.
+ */
+export function envProfile(env: Record<string, string>): string {
+  const lines = Object.entries(env)
+    .filter(([k]) => /^[A-Za-z_][A-Za-z0-9_]*$/.test(k))
+    .map(([k, v]) => `export ${k}='${v.replace(/'/g, "'\\''")}'\n`);
+  return `# Written by the platform from the instance's env.\n${lines.join("")}`;
+}
+
+function envFiles(env: Record<string, string> | undefined): string {
+  if (!env || Object.keys(env).length === 0) return "";
+  // JSON strings are valid YAML scalars (see renderSeed).
+  return `write_files:\n  - path: ${ENV_PROFILE}\n    permissions: "0644"\n    content: ${JSON.stringify(envProfile(env))}\n`;
 }
 
 /** The leased address on the NIC with the spec's MAC (netplan v2, which cloud-init reads); DHCP when none. */

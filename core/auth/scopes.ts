@@ -12,6 +12,9 @@ export const tenantScopes = [
   "compute:projects:read",
   "compute:projects:write",
   "compute:pools:read",
+  "compute:sandboxes:read",
+  "compute:sandboxes:write",
+  "compute:sandboxes:exec",
 ] as const;
 export type Scope = (typeof tenantScopes)[number];
 

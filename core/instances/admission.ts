@@ -47,7 +47,20 @@ export interface Caller {
  * and an address), quota, the instance row and its first event. Any refusal throws and the transaction leaves
  * no trace. A replay of the same request returns the instance it made and changes nothing.
  */
-export async function admitInstance(w: Write, deps: AdmissionDeps, caller: Caller, raw: CreateInstanceInput): Promise<Instance> {
+/**
+ * How a create differs when the platform makes the instance for its own purposes (sandboxes): a warm-pool
+ * instance is charged to no one until claimed and waits paused; a sandbox's instance is audited as the sandbox.
+ */
+export interface AdmitOptions {
+  /** Charge the tenant's quota (default true). */
+  charge?: boolean;
+  /** Write the audit row for the instance (default true); false when the caller audits its own subject. */
+  audit?: boolean;
+  /** Overrides the input's desired state (`paused`: a warm-pool instance). */
+  desiredState?: "running" | "stopped" | "paused";
+}
+
+export async function admitInstance(w: Write, deps: AdmissionDeps, caller: Caller, raw: CreateInstanceInput, opts: AdmitOptions = {}): Promise<Instance> {
   const { sql } = w;
   const input = parseInput(createInput, raw);
   const key = input.idempotencyKey ?? deps.newIdempotencyKey();
@@ -92,7 +105,7 @@ export async function admitInstance(w: Write, deps: AdmissionDeps, caller: Calle
   const shape: Shape = parseInput(shapeSchema, found.flavor, "flavor");
 
   const placed = await driver.admit(w, { pool, tenantId: caller.tenantId, instanceId: id, imageId: input.imageId, shape }, deps);
-  const charge = chargeOf(shape);
+  const charge = opts.charge === false ? {} : chargeOf(shape);
   await chargeQuota(sql, caller.tenantId, charge);
 
   const [row] = await sql.query<Instance & { eventId: string }>(
@@ -128,7 +141,7 @@ export async function admitInstance(w: Write, deps: AdmissionDeps, caller: Calle
       input.sshKeys,
       input.userData === undefined ? null : Buffer.from(deps.sealer.seal(input.userData, id)),
       placed.runtime,
-      input.desiredState,
+      opts.desiredState ?? input.desiredState,
       placed.nodeId,
       placed.allocationId,
       placed.addresses,
@@ -139,10 +152,11 @@ export async function admitInstance(w: Write, deps: AdmissionDeps, caller: Calle
   );
   const { eventId, ...instance } = row as Instance & { eventId: string };
   w.event(eventMessage(instance, null, eventId));
-  w.audit({
-    targetId: id,
-    tenantId: caller.tenantId,
-    details: { poolId: input.poolId, flavor: shape, nodeId: placed.nodeId, addresses: placed.addresses, offer: placed.offer ?? null },
-  });
+  if (opts.audit !== false)
+    w.audit({
+      targetId: id,
+      tenantId: caller.tenantId,
+      details: { poolId: input.poolId, flavor: shape, nodeId: placed.nodeId, addresses: placed.addresses, offer: placed.offer ?? null },
+    });
   return instance;
 }

@@ -43,11 +43,26 @@ const settable = {
   observed_state: "text",
   observed_error: "text",
   observed_generation: "int",
+  sandbox_id: "text",
+  claimed_at: "timestamptz",
+  owner_identity_id: "text",
+  env: "jsonb",
+  network_policy: "jsonb",
 } as const;
 export type InstanceSet = Partial<Record<keyof typeof settable, unknown>>;
 
 /** Columns whose change alters the instance's part of its node's spec. */
-const SPEC_FIELDS: readonly (keyof typeof settable)[] = ["node_id", "allocation_id", "vcpus", "memory_mib", "disk_gib", "gpus", "addresses"];
+const SPEC_FIELDS: readonly (keyof typeof settable)[] = [
+  "node_id",
+  "allocation_id",
+  "vcpus",
+  "memory_mib",
+  "disk_gib",
+  "gpus",
+  "addresses",
+  "env",
+  "network_policy",
+];
 
 /** Apply one change to a locked instance: `version` goes up by one and the change's event is written with it. */
 export async function writeChange(w: Write, inst: Instance, set: InstanceSet, reason: string): Promise<Instance> {

@@ -17,12 +17,23 @@ import type { DesiredState } from "./state.ts";
  * everything as it was.
  */
 
+/** A sandbox's instance (or a warm one) lives and dies with its sandbox: the sandboxes API drives it. */
+function notSandboxed(inst: Instance): Instance {
+  if (inst.sandboxId || inst.warmTemplateId)
+    throw new AppError(
+      "PRECONDITION_FAILED",
+      inst.sandboxId ? `instance ${inst.id} runs sandbox ${inst.sandboxId}: use the sandboxes API` : `instance ${inst.id} is held in a warm pool`,
+      { sandboxId: inst.sandboxId },
+    );
+  return inst;
+}
+
 /**
  * start / stop / pause / delete. Asking again for what is already asked changes nothing, except on an instance
  * in error: there, asking for it to run (or be paused) is a retry (error → starting), however often it fails.
  */
 export async function setDesiredState(w: Write, who: Principal, id: string, desired: DesiredState): Promise<Instance> {
-  const inst = await lockInstance(w, who, id);
+  const inst = notSandboxed(await lockInstance(w, who, id));
   const retry = inst.state === "error" && (desired === "running" || desired === "paused") && inst.desiredState !== "deleted";
   if (inst.desiredState === desired && !(retry && !inst.retryRequested)) {
     w.unchanged();
@@ -41,7 +52,7 @@ export async function setDesiredState(w: Write, who: Principal, id: string, desi
  * old hold and takes the new one; the quota charge moves with it.
  */
 export async function resizeInstance(w: Write, who: Principal, id: string, flavorName: string): Promise<Instance> {
-  const inst = await lockInstance(w, who, id);
+  const inst = notSandboxed(await lockInstance(w, who, id));
   const pool = await requirePool(w.sql, inst.poolId);
   const driver = requireCapability(pool, "resize", "resizing an instance");
   if (inst.state !== "stopped" || inst.desiredState !== "stopped") {

@@ -1,4 +1,4 @@
-import type { ObservedState } from "../../contracts/host.ts";
+import type { NetworkPolicy, ObservedState } from "../../contracts/host.ts";
 import type { GpuClaim } from "../catalog/shapes.ts";
 import type { Charge } from "../tenancy/quota.ts";
 import type { DesiredState, InstanceState } from "./state.ts";
@@ -61,6 +61,14 @@ export interface Instance {
   attempts: number;
   excludedNodes: string[];
   retryRequested: boolean;
+  /** Sandboxes: the sandbox this instance runs; the warm-pool template (and version) it was made for. */
+  sandboxId: string | null;
+  warmTemplateId: string | null;
+  warmTemplateVersion: number | null;
+  claimedAt: Date | null;
+  /** The guest's environment and egress policy (sandboxes), as the host spec carries them. */
+  env: Record<string, string>;
+  networkPolicy: NetworkPolicy | null;
   version: number;
   createdAt: Date;
   updatedAt: Date;
@@ -77,4 +85,6 @@ export const INSTANCE_COLUMNS = `id, tenant_id AS "tenantId", pool_id AS "poolId
   spec_generation AS "specGeneration", observed_state AS "observedState", observed_error AS "observedError",
   observed_retryable AS "observedRetryable", observed_shape AS "observedShape", observed_generation AS "observedGeneration",
   observed_at AS "observedAt", attempts, COALESCE(excluded_nodes, '{}') AS "excludedNodes", retry_requested AS "retryRequested",
+  sandbox_id AS "sandboxId", warm_template_id AS "warmTemplateId", warm_template_version AS "warmTemplateVersion",
+  claimed_at AS "claimedAt", env, network_policy AS "networkPolicy",
   created_at AS "createdAt", updated_at AS "updatedAt"`;

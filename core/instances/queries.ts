@@ -8,8 +8,11 @@ import type { InstanceState } from "./state.ts";
 export async function getInstance(sql: Sql, who: Principal | null, id: string): Promise<Instance | null> {
   const p = requireRead(who, "compute:instances:read");
   const inst = await one<Instance>(sql, `SELECT ${INSTANCE_COLUMNS} FROM instances WHERE id = $1`, [id]);
-  return inst && visibleTo(p, inst.tenantId) ? inst : null;
+  return inst && visibleTo(p, inst.tenantId) && (p.operator || !unclaimedWarm(inst)) ? inst : null;
 }
+
+/** A warm-pool instance nobody has claimed is the operator's capacity, not yet the tenant's instance. */
+const unclaimedWarm = (i: Pick<Instance, "warmTemplateId" | "claimedAt">) => i.warmTemplateId !== null && i.claimedAt === null;
 
 export type Owner = "mine" | "tenant" | "all";
 
@@ -53,7 +56,7 @@ export async function listInstances(sql: Sql, who: Principal | null, args: ListA
     params.push(value);
     where.push(cond(params.length));
   };
-  if (!p.operator) add((n) => `tenant_id = $${n}`, p.tenantId);
+  if (!p.operator) add((n) => `tenant_id = $${n} AND (warm_template_id IS NULL OR claimed_at IS NOT NULL)`, p.tenantId);
   if (owner === "mine") add((n) => `owner_identity_id = $${n}`, p.identityId);
   if (args.poolId) add((n) => `pool_id = $${n}`, args.poolId);
   if (args.projectId) add((n) => `project_id = $${n}`, args.projectId);

@@ -52,7 +52,11 @@ async function lockForCommand(w: Write, who: Principal, id: string, what: string
 
 /** One command at a time per instance: a snapshot and a restore racing on one host could not both be right. */
 async function requireIdle(w: Write, inst: Instance, what: string): Promise<void> {
-  const busy = await one<{ kind: string }>(w.sql, `SELECT kind FROM host_commands WHERE instance_id = $1 AND settled_at IS NULL LIMIT 1`, [inst.id]);
+  const busy = await one<{ kind: string }>(
+    w.sql,
+    `SELECT kind FROM host_commands WHERE instance_id = $1 AND settled_at IS NULL AND kind <> 'instance.exec' LIMIT 1`,
+    [inst.id],
+  );
   if (busy) throw new AppError("PRECONDITION_FAILED", `${what}: an ${busy.kind} of ${inst.id} is still in progress`);
 }
 
@@ -107,6 +111,8 @@ export async function settleCommands(w: Write, inst: Instance): Promise<Instance
     const expired = !FINAL_STATES.includes(c.state) && c.deadline <= w.now;
     if (!FINAL_STATES.includes(c.state) && !expired) continue;
     await settleCommand(w, c.id, expired ? "expired" : undefined);
+    // An exec changes nothing of the instance: its watchers have its output and its end.
+    if (c.kind === "instance.exec") continue;
     const outcome: Outcome = expired ? { ok: false, error: `the host did not finish ${c.kind} before its deadline` } : outcomeOf(c);
     const snapshotId = String(c.args.snapshotId);
     if (c.kind === "instance.snapshot") {

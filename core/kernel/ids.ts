@@ -19,7 +19,24 @@ export function base32(bytes: Uint8Array): string {
   return out;
 }
 
-export type IdKind = "ten" | "idn" | "tok" | "prj" | "pool" | "ipp" | "node" | "gpu" | "alloc" | "flv" | "img" | "pacc" | "join" | "cmd" | "snap";
+export type IdKind =
+  | "ten"
+  | "idn"
+  | "tok"
+  | "prj"
+  | "pool"
+  | "ipp"
+  | "node"
+  | "gpu"
+  | "alloc"
+  | "flv"
+  | "img"
+  | "pacc"
+  | "join"
+  | "cmd"
+  | "snap"
+  | "stpl"
+  | "sbx";
 
 /** Random ids: a kind prefix and 128 bits. Tests may swap the source for a deterministic one. */
 export type IdSource = (kind: IdKind) => string;

@@ -34,6 +34,8 @@ export class Write {
   readonly specs = new Map<string, number>();
   readonly revoked: string[] = [];
   readonly commandNodes = new Set<string>();
+  /** Sandbox templates or sandboxes changed: the sandboxes reconciler (warm pools, deadlines) runs once committed. */
+  sandboxes = false;
   /** Provider accounts whose offers and machines the worker should read again. */
   readonly providerAccounts = new Set<string>();
   private subject: AuditSubject | null = null;
@@ -74,6 +76,26 @@ export class Write {
   /** A node has new host commands to fetch. */
   commands(nodeId: string): void {
     this.commandNodes.add(nodeId);
+  }
+
+  /** Exec commands with new output (or a final word): their watchers look once committed. */
+  readonly execOutputs = new Set<string>();
+
+  execOutput(commandId: string): void {
+    this.execOutputs.add(commandId);
+  }
+
+  /** Sandbox deadlines to wake at (sandbox id → time). */
+  readonly deadlines = new Map<string, Date>();
+
+  /** A sandbox's deadline was set: its expiry job is enqueued to run then. */
+  deadline(sandboxId: string, at: Date): void {
+    this.deadlines.set(sandboxId, at);
+  }
+
+  /** Warm pools or deadlines changed: the sandboxes reconciler looks once committed. */
+  wakeSandboxes(): void {
+    this.sandboxes = true;
   }
 
   /** A provider account is new or changed: the worker reads its offers (and machines) once committed. */

@@ -72,12 +72,14 @@ export interface QuotaInput {
   vcpus?: number | null;
   memoryMib?: number | null;
   diskGib?: number | null;
+  /** Warm sandbox instances over all the tenant's templates (their warm targets added up). */
+  sandboxWarm?: number | null;
   gpus?: { model: string; count: number }[] | null;
 }
 
 function quotaRows(q: QuotaInput): { resource: string; limit: number }[] {
   const rows: { resource: string; limit: number }[] = [];
-  const scalar = { instances: q.instances, vcpus: q.vcpus, memory_mib: q.memoryMib, disk_gib: q.diskGib };
+  const scalar = { instances: q.instances, vcpus: q.vcpus, memory_mib: q.memoryMib, disk_gib: q.diskGib, sandbox_warm: q.sandboxWarm };
   for (const [resource, limit] of Object.entries(scalar)) if (limit != null) rows.push({ resource, limit });
   for (const g of q.gpus ?? []) rows.push({ resource: `gpu:${g.model}`, limit: g.count });
   return rows;
@@ -89,6 +91,7 @@ export const quotaInput = z.object({
   vcpus: limit,
   memoryMib: limit,
   diskGib: limit,
+  sandboxWarm: limit,
   gpus: z.array(gpuClaim.extend({ count: z.number().int().min(0).max(1_000_000) })).nullish(),
 });
 

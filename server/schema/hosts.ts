@@ -1,6 +1,6 @@
 import { z } from "zod";
 import type { Channels } from "../../contracts/channels.ts";
-import { commandReport, statusReport } from "../../contracts/host.ts";
+import { commandReport, execChunk, statusReport } from "../../contracts/host.ts";
 import { requireNode, requireOperator } from "../../core/auth/principal.ts";
 import { parseInput } from "../../core/kernel/validation.ts";
 import { commandsForNode, recordCommandReport } from "../../core/pools/hosted/commands.ts";
@@ -8,6 +8,7 @@ import { createJoinToken, joinNode } from "../../core/pools/hosted/enrollment.ts
 import { declareNodeGone } from "../../core/pools/hosted/nodes.ts";
 import { recordReport } from "../../core/pools/hosted/reports.ts";
 import { buildNodeSpec } from "../../core/pools/hosted/spec.ts";
+import { recordExecOutput } from "../../core/sandboxes/exec.ts";
 import { type Context, mutate } from "../context.ts";
 import { builder } from "./builder.ts";
 
@@ -85,6 +86,16 @@ builder.mutationFields((t) => ({
       const nodeId = requireNode(ctx.principal);
       const parsed = parseInput(commandReport, report, "report");
       return mutate(ctx, info, (w) => recordCommandReport(w, nodeId, parsed));
+    },
+  }),
+  reportExecOutput: t.field({
+    type: "Boolean",
+    description: "A host's output of one of its node's exec commands: numbered chunks, each stored once.",
+    args: { commandId: t.arg.id({ required: true }), chunks: t.arg({ type: "JSON", required: true }) },
+    resolve: (_r, { commandId, chunks }, ctx, info) => {
+      const nodeId = requireNode(ctx.principal);
+      const parsed = parseInput(z.array(execChunk).max(1000), chunks, "chunks");
+      return mutate(ctx, info, (w) => recordExecOutput(w, nodeId, String(commandId), parsed));
     },
   }),
   declareNodeGone: t.field({

@@ -9,6 +9,8 @@ import "./flavors.ts";
 import "./instances.ts";
 import "./hosts.ts";
 import "./snapshots.ts";
+import "./sandboxes.ts";
+import "./sandbox-live.ts";
 import "./events.ts";
 
 export const schema = builder.toSchema();

@@ -46,6 +46,7 @@ export const Instance = builder.objectRef<InstanceRow>("Instance").implement({
     allocationId: t.exposeID("allocationId", { nullable: true }),
     externalId: t.exposeString("externalId", { nullable: true }),
     offer: t.exposeString("offer", { nullable: true, description: "Provider pools: the provider's machine type the flavor mapped to." }),
+    sandboxId: t.exposeID("sandboxId", { nullable: true, description: "The sandbox this instance runs: the sandboxes API drives it." }),
     poolId: t.exposeID("poolId"),
     projectId: t.exposeID("projectId", { nullable: true }),
     tenantId: t.exposeID("tenantId"),

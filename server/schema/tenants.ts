@@ -26,12 +26,13 @@ export const Tenant = builder.objectRef<TenantRow>("Tenant").implement({
 });
 
 const QuotaInput = builder.inputType("QuotaInput", {
-  description: "Limits; an absent field is unlimited.",
+  description: "Limits; an absent field is unlimited (sandboxWarm: the deployment's default).",
   fields: (t) => ({
     instances: t.int(),
     vcpus: t.int(),
     memoryMib: t.int(),
     diskGib: t.int(),
+    sandboxWarm: t.int({ description: "Warm sandbox instances over all the tenant's templates." }),
     gpus: t.field({ type: [GpuCountInput] }),
   }),
 });

@@ -2,6 +2,7 @@ import { randomUUID } from "node:crypto";
 import type { TypedDocumentNode } from "@graphql-typed-document-node/core";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { reconcileOnce } from "../../core/instances/reconciler.ts";
+import { requestExec } from "../../core/sandboxes/exec.ts";
 import * as bc from "../../sdk/client.ts";
 import { schema } from "../../server/schema/index.ts";
 import { testKey } from "../support/fixtures.ts";
@@ -100,6 +101,20 @@ async function runEveryMutation() {
     sizeBytes: 1234,
   });
   await op("restoreInstance", bc.RestoreInstanceDocument, { id: vm.id, snapshotId: snap.id });
+
+  // Sandboxes: a template, a sandbox (booted cold on the joined host), an exec's output, and their ends.
+  const { createSandboxTemplate: tpl } = await me("createSandboxTemplate", bc.CreateSandboxTemplateDocument, {
+    input: { name: "ci", poolId: pool.id, flavor: "small", imageId: image.id, ttlSeconds: 600, env: [{ name: "CI", value: "1" }] },
+  });
+  await me("updateSandboxTemplate", bc.UpdateSandboxTemplateDocument, { id: tpl.id, input: { ttlSeconds: 900 } });
+  const { createSandbox: sbx } = await me("createSandbox", bc.CreateSandboxDocument, { input: { templateId: tpl.id, idempotencyKey: "sbx" } });
+  await walk(h.platform, sbx.instance.id, ["scheduling", "provisioning", "starting", "running"]);
+  await me("extendSandbox", bc.ExtendSandboxDocument, { id: sbx.id, ttlSeconds: 1200 });
+  const principal = { identityId: made.apiToken.identityId, tenantId: tenant.id, operator: false, scopes: new Set(["compute:sandboxes:exec"] as const) };
+  const exec = await h.platform.write({ actor: "test" }, (w) => requestExec(w, principal, sbx.id, { command: ["true"] }));
+  await host("reportExecOutput", bc.ReportExecOutputDocument, { commandId: exec.commandId, chunks: [{ seq: 0, stream: "stdout", data: "ok\n" }] });
+  await me("deleteSandbox", bc.DeleteSandboxDocument, { id: sbx.id });
+  await me("deleteSandboxTemplate", bc.DeleteSandboxTemplateDocument, { id: tpl.id });
 
   const { createInstance: stopped } = await me("createInstance", bc.CreateInstanceDocument, {
     input: { poolId: pool.id, flavor: "small", imageId: image.id, desiredState: "STOPPED", idempotencyKey: "stopped" },

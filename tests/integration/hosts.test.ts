@@ -232,6 +232,9 @@ describe("faults", () => {
       userData: null,
       hostname: "orphan",
       nic: { bridge: "br0", mac: "52:54:00:00:00:01", address: null, prefix: null, gateway: null },
+      env: {},
+      network: { egress: "all", allow: [] },
+      fromSnapshot: null,
     });
     await rt.close();
     await expect

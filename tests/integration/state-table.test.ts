@@ -293,6 +293,8 @@ describe.each([
       "vps.sweep": async () => {},
       "vps.poll": async () => {},
       "vps.providers": async () => {},
+      "vps.sandboxes": async () => {},
+      "vps.sandbox.expire": async () => {},
     };
     const worker = await h.platform.jobs.run(handlers, h.platform.config, h.platform.log);
     closeWorker = () => worker.close();

@@ -4,7 +4,7 @@ import { dirname, join } from "node:path";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { createLibvirtRuntime, type LibvirtRuntimeExtras } from "../../agent/runtimes/libvirt-kvm/index.ts";
 import { type Runtime, RuntimeError } from "../../agent/runtimes/runtime.ts";
-import type { InstanceSpec } from "../../contracts/host.ts";
+import { type InstanceSpec, tapFor } from "../../contracts/host.ts";
 import { testKey, until } from "../support/fixtures.ts";
 import { buildGuest, type Guest } from "./guest.ts";
 import {
@@ -85,7 +85,7 @@ describe(`libvirt-kvm on this machine's libvirtd`, () => {
     expect(await stateOf(s.id)).toBe("stopped");
     await rt.start(s.id);
     // The tap joins the bridge as the domain starts, before the guest runs anything.
-    expect((await bridge.members()).some((l) => l.includes("vnet"))).toBe(true);
+    expect((await bridge.members()).some((l) => l.includes(`${tapFor(s.id)}:`))).toBe(true);
     await until("the guest to be ready", () => "ready" in guestSaid(rt.consolePath(s.id)), 120_000, 100);
     const said = guestSaid(rt.consolePath(s.id));
     expect(said["instance-id"]).toEqual([s.id]);

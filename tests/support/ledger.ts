@@ -61,8 +61,14 @@ export async function invariantViolations(platform: WithDb): Promise<string[]> {
     "quota usage differs from live charges",
     await q(`WITH charges AS (SELECT tenant_id, c.key AS resource, sum(c.value::bigint) AS amount FROM instances, jsonb_each_text(charge) c WHERE NOT charge_released GROUP BY 1, 2)
              SELECT coalesce(u.tenant_id, c.tenant_id) AS tenant, coalesce(u.resource, c.resource) AS resource, u.used, c.amount
-               FROM quota_usage u FULL JOIN charges c ON c.tenant_id = u.tenant_id AND c.resource = u.resource
+               FROM (SELECT * FROM quota_usage WHERE resource <> 'sandbox_warm') u FULL JOIN charges c ON c.tenant_id = u.tenant_id AND c.resource = u.resource
               WHERE coalesce(u.used, 0) <> coalesce(c.amount, 0)`),
+  );
+  push(
+    "sandbox_warm usage differs from the tenant's templates' warm targets",
+    await q(`SELECT u.tenant_id, u.used, coalesce((SELECT sum(warm_target) FROM sandbox_templates t WHERE t.tenant_id = u.tenant_id), 0) AS targets
+               FROM quota_usage u WHERE u.resource = 'sandbox_warm'
+                AND u.used <> coalesce((SELECT sum(warm_target) FROM sandbox_templates t WHERE t.tenant_id = u.tenant_id), 0)`),
   );
   push(
     "versions without exactly one event each",

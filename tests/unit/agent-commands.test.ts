@@ -3,12 +3,21 @@ import { mkdtemp, rm } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterEach, beforeEach, describe, expect, it } from "vitest";
-import { CommandRunner, type CommandRunnerOptions } from "../../agent/commands.ts";
+import { CommandRunner, type CommandRunnerOptions, EXEC_INTERRUPTED } from "../../agent/commands.ts";
 import { Converger } from "../../agent/converge.ts";
+import { ExecOutput } from "../../agent/exec-output.ts";
 import { InstanceLocks } from "../../agent/locks.ts";
 import { createFakeRuntime, type FakeOptions, injectFailure } from "../../agent/runtimes/fake/index.ts";
 import type { Runtime } from "../../agent/runtimes/runtime.ts";
-import { type CommandReport, type HostCommand, type InstanceSpec, instanceSpec, type NodeSpec } from "../../contracts/host.ts";
+import {
+  type CommandReport,
+  type ExecChunk,
+  type ExecRequest,
+  type HostCommand,
+  type InstanceSpec,
+  instanceSpec,
+  type NodeSpec,
+} from "../../contracts/host.ts";
 import { sha256Of, until } from "../support/fixtures.ts";
 
 /** Host commands on the agent: the runner, its journal, and its lock shared with the converger, on the fake runtime. */
@@ -30,14 +39,30 @@ function spec(id: string, power: InstanceSpec["power"] = "running"): InstanceSpe
     userData: null,
     hostname: "h",
     nic: { bridge: "br0", mac: "52:54:00:00:00:01", address: null, prefix: null, gateway: null },
+    env: {},
+    network: { egress: "all", allow: [] },
+    fromSnapshot: null,
   });
 }
 
-const command = (id: string, kind: HostCommand["kind"], instanceId: string, snapshotId: string, deadline = new Date(Date.now() + hour)): HostCommand => ({
+const command = (
+  id: string,
+  kind: "instance.snapshot" | "instance.restore",
+  instanceId: string,
+  snapshotId: string,
+  deadline = new Date(Date.now() + hour),
+): HostCommand => ({
   id,
   kind,
   deadline: deadline.toISOString(),
   args: { instanceId, snapshotId },
+});
+
+const exec = (id: string, instanceId: string, argv: string[], over: Partial<ExecRequest> = {}): HostCommand => ({
+  id,
+  kind: "instance.exec",
+  deadline: new Date(Date.now() + hour).toISOString(),
+  args: { instanceId, command: argv, env: {}, stdin: null, timeoutMs: 30_000, ...over },
 });
 
 let root: string;
@@ -64,16 +89,19 @@ async function host(fake: Partial<FakeOptions> = {}): Promise<Runtime> {
 
 function runner(rt: Runtime, o: Partial<CommandRunnerOptions> = {}) {
   const sent: CommandReport[] = [];
+  /** Output the server took, as it took it. */
+  const output: { id: string; chunks: ExecChunk[] }[] = [];
   const r = new CommandRunner({
     stateDir: root,
     runtime: rt,
     locks: new InstanceLocks(),
     send: async (report) => void sent.push(structuredClone(report)),
+    sendOutput: async (id, chunks) => void output.push({ id, chunks: structuredClone(chunks) }),
     retry: { attemptMs: 200, firstMs: 10, maxMs: 40 },
     ...o,
   });
   open.push(r);
-  return { r, sent };
+  return { r, sent, output };
 }
 
 const journal = (id: string) => JSON.parse(readFileSync(join(root, "commands", `${id}.json`), "utf8"));
@@ -210,5 +238,232 @@ describe("host commands", () => {
     expect(finals(sent).map((s) => s.id)).toEqual(["cmd_other", "cmd_slow"]);
     expect(attempts).toBeGreaterThanOrEqual(4);
     await until("the slow report to be confirmed", () => journal("cmd_slow").confirmed === true);
+  });
+});
+
+describe("exec commands", () => {
+  const scratch = (id: string) => join(fakeDir, "scratch", id);
+  const text = (chunks: ExecChunk[], stream: ExecChunk["stream"]) =>
+    chunks
+      .filter((c) => c.stream === stream)
+      .map((c) => c.data)
+      .join("");
+
+  it("delivers output in seq order, every chunk before the final report, and the exec result", async () => {
+    const rt = await host();
+    // One timeline of what the server got: a slow server makes output pile up between deliveries.
+    const timeline: ({ report: CommandReport } | { chunks: ExecChunk[] })[] = [];
+    const { r } = runner(rt, {
+      send: async (report) => void timeline.push({ report: structuredClone(report) }),
+      sendOutput: async (_, chunks) => {
+        await new Promise((res) => setTimeout(res, 5));
+        timeline.push({ chunks: structuredClone(chunks) });
+      },
+    });
+    const script = 'for i in $(seq 1 200); do echo "out $i"; echo "err $i" >&2; done; printf tail; exit 3';
+    await r.receive(exec("cmd_exec", A, ["sh", "-c", script], { env: { X: "1" } }));
+    await until("the final report", () => timeline.some((t) => "report" in t && t.report.state !== "running"));
+
+    const chunks = timeline.flatMap((t) => ("chunks" in t ? t.chunks : []));
+    expect(chunks.map((c) => c.seq)).toEqual(chunks.map((_, i) => i));
+    expect(text(chunks, "stdout")).toBe(`${Array.from({ length: 200 }, (_, i) => `out ${i + 1}\n`).join("")}tail`);
+    expect(text(chunks, "stderr")).toBe(Array.from({ length: 200 }, (_, i) => `err ${i + 1}\n`).join(""));
+    const finalAt = timeline.findIndex((t) => "report" in t && t.report.state !== "running");
+    expect(timeline.slice(finalAt + 1).some((t) => "chunks" in t)).toBe(false);
+    expect(timeline[finalAt]).toEqual({ report: { id: "cmd_exec", state: "succeeded", result: { exitCode: 3, signal: null, timedOut: false }, error: null } });
+    expect(journal("cmd_exec")).toMatchObject({ state: "succeeded", result: { exitCode: 3 } });
+  });
+
+  it("runs an exec once per id: delivered twice at once, again later, or again to a new runner", async () => {
+    const rt = await host();
+    const once = exec("cmd_once", A, ["sh", "-c", "echo ran >> runs; cat runs"]);
+    const first = runner(rt);
+    await Promise.all([first.r.receive(once), first.r.receive(once)]);
+    await first.r.receive(once);
+    await until("the final report to be confirmed", () => journal("cmd_once").confirmed === true);
+    expect(readFileSync(join(scratch(A), "runs"), "utf8")).toBe("ran\n");
+    expect(
+      text(
+        first.output.flatMap((o) => o.chunks),
+        "stdout",
+      ),
+    ).toBe("ran\n");
+    await first.r.close();
+
+    const second = runner(rt);
+    await second.r.receive(once);
+    await until("the final report again", () => second.sent.length > 0);
+    expect(second.sent).toEqual([{ id: "cmd_once", state: "succeeded", result: { exitCode: 0, signal: null, timedOut: false }, error: null }]);
+    expect(second.output).toEqual([]);
+    expect(readFileSync(join(scratch(A), "runs"), "utf8")).toBe("ran\n");
+  });
+
+  it("reports an exec the agent was running when it went away as failed, and never runs it again", async () => {
+    const rt = await host();
+    const long = exec("cmd_long", A, ["sh", "-c", "echo ran >> runs; echo started; exec sleep 60"], { timeoutMs: 120_000 });
+    const before = runner(rt);
+    void before.r.receive(long);
+    await until("the command's output", () => before.output.length > 0);
+    await before.r.close(); // the agent stops: the exec is left, journalled running
+    expect(journal("cmd_long")).toMatchObject({ state: "running" });
+    expect(finals(before.sent)).toEqual([]);
+
+    const after = runner(rt);
+    await after.r.recover();
+    await until("the final report to be confirmed", () => journal("cmd_long").confirmed === true);
+    expect(finals(after.sent)).toEqual([{ id: "cmd_long", state: "failed", result: null, error: EXEC_INTERRUPTED }]);
+    await after.r.receive(long); // delivered again after the restart: answered from the journal
+    await until("the report again", () => finals(after.sent).length > 1);
+    expect(finals(after.sent)[1]).toEqual(finals(after.sent)[0]);
+    expect(readFileSync(join(scratch(A), "runs"), "utf8")).toBe("ran\n");
+  });
+
+  it("fails, without running it, an exec journalled running that arrives before recovery", async () => {
+    const rt = await host();
+    const died = exec("cmd_died", A, ["sh", "-c", "echo ran >> runs"]);
+    mkdirSync(join(root, "commands"), { recursive: true });
+    writeFileSync(
+      join(root, "commands", "cmd_died.json"),
+      JSON.stringify({ command: died, state: "running", result: null, error: null, confirmed: false, startedAt: new Date().toISOString(), finishedAt: null }),
+    );
+    const { r, sent } = runner(rt);
+    await r.receive(died);
+    await until("the final report", () => finals(sent).length > 0);
+    expect(finals(sent)).toEqual([{ id: "cmd_died", state: "failed", result: null, error: EXEC_INTERRUPTED }]);
+    expect(existsSync(join(scratch(A), "runs"))).toBe(false);
+  });
+
+  it("retries output the server failed to take, keeping seq order, before the final report", async () => {
+    const rt = await host();
+    let attempts = 0;
+    const taken: ExecChunk[] = [];
+    const { r, sent } = runner(rt, {
+      sendOutput: async (_, chunks) => {
+        attempts++;
+        if (attempts === 1) return new Promise<void>(() => {}); // no answer: the attempt's bound ends it
+        if (attempts <= 3) throw new Error("503 from the server");
+        taken.push(...structuredClone(chunks));
+      },
+    });
+    await r.receive(exec("cmd_retry", A, ["sh", "-c", "echo one; echo two >&2; echo three"]));
+    await until("the final report", () => finals(sent).length > 0, 10_000);
+    expect(attempts).toBeGreaterThanOrEqual(4);
+    expect(taken.map((c) => c.seq)).toEqual(taken.map((_, i) => i));
+    expect(text(taken, "stdout")).toBe("one\nthree\n");
+    expect(text(taken, "stderr")).toBe("two\n");
+    expect(finals(sent)).toEqual([{ id: "cmd_retry", state: "succeeded", result: { exitCode: 0, signal: null, timedOut: false }, error: null }]);
+  });
+
+  it("runs beside convergence and beside other execs of the same instance, without holding its lock", async () => {
+    const rt = await host();
+    const locks = new InstanceLocks();
+    const converger = new Converger(rt, () => {}, locks);
+    const { r, sent, output } = runner(rt, { locks });
+    const waiting = r.receive(exec("cmd_wait", A, ["sh", "-c", "echo waiting; while [ ! -f go ]; do sleep 0.01; done; echo went"], { timeoutMs: 10_000 }));
+    await until("the first exec to run", () => output.some((o) => o.id === "cmd_wait"));
+    const steady: NodeSpec = { nodeId: "node_x", generation: 2, runtime: "fake", instances: [spec(A), spec(B)], remove: [] };
+    expect(await converger.converge(steady)).toEqual({ skipped: [] });
+    await r.receive(exec("cmd_go", A, ["touch", "go"]));
+    await waiting;
+    await until("both final reports", () => finals(sent).length === 2);
+    expect(finals(sent).map((s) => [s.id, s.state])).toEqual([
+      ["cmd_go", "succeeded"],
+      ["cmd_wait", "succeeded"],
+    ]);
+    expect(
+      text(
+        output.filter((o) => o.id === "cmd_wait").flatMap((o) => o.chunks),
+        "stdout",
+      ),
+    ).toBe("waiting\nwent\n");
+  });
+
+  it("reports what the runtime refused as failed, and a timeout as a result", async () => {
+    const rt = await host();
+    await rt.pause(B);
+    const { r, sent } = runner(rt);
+    await r.receive(exec("cmd_paused", B, ["true"]));
+    await r.receive(exec("cmd_slow", A, ["sleep", "30"], { timeoutMs: 200 }));
+    await until("two final reports", () => finals(sent).length === 2);
+    expect(finals(sent)).toEqual([
+      { id: "cmd_paused", state: "failed", result: null, error: expect.stringContaining("exec needs it running") },
+      { id: "cmd_slow", state: "succeeded", result: { exitCode: null, signal: "SIGKILL", timedOut: true }, error: null },
+    ]);
+  });
+});
+
+describe("exec output batching", () => {
+  function outlet(o: Partial<ConstructorParameters<typeof ExecOutput>[0]> = {}) {
+    const batches: ExecChunk[][] = [];
+    const stop = new AbortController();
+    const out = new ExecOutput({
+      attempt: async (chunks) => void batches.push(structuredClone(chunks)),
+      backoff: async () => {},
+      stop: stop.signal,
+      ...o,
+    });
+    return { out, batches, stop };
+  }
+
+  it("sends what arrives close together as one batch, a stream's run as one chunk, and splits what exceeds a batch", async () => {
+    const { out, batches } = outlet({ flushMs: 10_000, batchChars: 10 });
+    out.push("stdout", "ab");
+    out.push("stdout", "cd");
+    out.push("stderr", "E");
+    out.push("stdout", "fg");
+    expect(batches).toEqual([]); // still gathering
+    out.push("stdout", "h😀ijklmnop"); // over the batch size: goes without waiting, split between characters
+    await until("a full batch", () => batches.length > 0, 5000, 5);
+    await out.end();
+    const chunks = batches.flat();
+    expect(chunks.map((c) => c.seq)).toEqual(chunks.map((_, i) => i));
+    expect(batches[0]).toEqual([
+      { seq: 0, stream: "stdout", data: "abcd" },
+      { seq: 1, stream: "stderr", data: "E" },
+      { seq: 2, stream: "stdout", data: "fg" },
+    ]);
+    expect(chunks.every((c) => c.data.length <= 10 && !/[\ud800-\udbff]$/.test(c.data))).toBe(true);
+    expect(chunks.map((c) => c.data).join("")).toBe("abcdEfgh😀ijklmnop");
+  });
+
+  it("puts no more chunks in a batch than the server takes in one call", async () => {
+    const { out, batches } = outlet({ flushMs: 10_000, batchChunks: 2 });
+    for (let i = 0; i < 5; i++) out.push(i % 2 ? "stderr" : "stdout", String(i));
+    await out.end();
+    expect(batches.map((b) => b.map((c) => `${c.seq}:${c.data}`))).toEqual([["0:0", "1:1"], ["2:2", "3:3"], ["4:4"]]);
+  });
+
+  it("holds a bounded amount while the server does not take it, and says how much it dropped", async () => {
+    let release = () => {};
+    const held = new Promise<void>((r) => (release = r));
+    const batches: ExecChunk[][] = [];
+    const { out } = outlet({
+      flushMs: 0,
+      batchChars: 4,
+      maxPendingChars: 8,
+      attempt: async (chunks) => {
+        await held;
+        batches.push(chunks);
+      },
+    });
+    out.push("stdout", "1234"); // taken at once, then stuck in the slow attempt
+    await new Promise((r) => setImmediate(r));
+    out.push("stdout", "5678");
+    out.push("stdout", "abcd");
+    out.push("stdout", "lost");
+    out.push("stdout", "gone");
+    release();
+    await out.end();
+    const data = batches.flat().map((c) => c.data);
+    expect(data.slice(0, 3)).toEqual(["1234", "5678", "abcd"]);
+    expect(data.slice(3).join("")).toContain("[8 characters of output dropped here");
+  });
+
+  it("gives up when stopped: end rejects and nothing more is sent", async () => {
+    const { out, stop } = outlet({ attempt: () => Promise.reject(new Error("down")), backoff: () => new Promise((r) => setTimeout(r, 5)) });
+    out.push("stdout", "x");
+    const ending = out.end();
+    stop.abort();
+    await expect(ending).rejects.toThrow();
   });
 });

@@ -1,4 +1,4 @@
-import { existsSync, readdirSync, readFileSync, statSync, writeFileSync } from "node:fs";
+import { existsSync, readdirSync, readFileSync, realpathSync, statSync, writeFileSync } from "node:fs";
 import { mkdtemp, rm } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
@@ -25,6 +25,9 @@ function spec(id: string, over: Partial<InstanceSpec> = {}): InstanceSpec {
     userData,
     hostname: "web-1",
     nic: { bridge: "br-bc", mac: "52:54:00:12:34:56", address: "10.20.0.5", prefix: 24, gateway: "10.20.0.1" },
+    env: {},
+    network: { egress: "all", allow: [] },
+    fromSnapshot: null,
     ...over,
   });
 }
@@ -428,5 +431,196 @@ describe("fake runtime snapshots", () => {
     await rt.snapshot("inst_a", "snap_1");
     await rt.remove("inst_a");
     expect(existsSync(join(dir, "snapshots", "inst_a"))).toBe(false);
+  });
+});
+
+describe("fake runtime exec", () => {
+  const running: { close(): Promise<void> }[] = [];
+  afterEach(async () => {
+    // Before the directory goes: the runtime kills what its guests still run.
+    for (const rt of running.splice(0)) await rt.close();
+  });
+  async function guest(over: Partial<InstanceSpec> = {}) {
+    const rt = createFakeRuntime({ dir });
+    running.push(rt);
+    await rt.create(spec("inst_a", over));
+    await rt.start("inst_a");
+    return rt;
+  }
+  type Req = Parameters<ReturnType<typeof createFakeRuntime>["exec"]>[1];
+  const req = (command: string[], over: Partial<Req> = {}): Req => ({ command, env: {}, stdin: null, timeoutMs: 10_000, ...over });
+  /** Runs the command, collecting what each stream said and how often output came. */
+  async function run(rt: ReturnType<typeof createFakeRuntime>, r: Req, id = "inst_a") {
+    const out = { stdout: "", stderr: "", pieces: 0 };
+    const result = await rt.exec(id, r, (stream, data) => {
+      out[stream] += data;
+      out.pieces++;
+    });
+    return { result, ...out };
+  }
+  // A zombie is dead for our purposes: only its parent's wait is missing.
+  const alive = (pid: number) => {
+    try {
+      return !/^\d+ \(.*\) Z/.test(readFileSync(`/proc/${pid}/stat`, "utf8"));
+    } catch {
+      return false;
+    }
+  };
+
+  it("runs the command with only PATH and the spec's and the request's env, in the domain's scratch dir", async () => {
+    const rt = await guest({ env: { GREETING: "from the template", SHARED: "template" } });
+    const { result, stdout } = await run(rt, req(["env"], { env: { SHARED: "request", EXTRA: "x=y" } }));
+    expect(result).toEqual({ exitCode: 0, signal: null, timedOut: false });
+    expect(stdout.trim().split("\n").sort()).toEqual(["EXTRA=x=y", "GREETING=from the template", expect.stringMatching(/^PATH=\/usr/), "SHARED=request"]);
+
+    const pwd = await run(rt, req(["pwd"]));
+    expect(pwd.stdout).toBe(`${realpathSync(join(dir, "scratch", "inst_a"))}\n`);
+    // No shell unless asked for: the argument is not expanded.
+    expect((await run(rt, req(["echo", "$HOME", "*"]))).stdout).toBe("$HOME *\n");
+  });
+
+  it("streams each stream in order, decodes UTF-8 across reads, and returns the exit code", async () => {
+    const rt = await guest();
+    const lines = await run(rt, req(["sh", "-c", 'for i in 1 2 3 4 5; do echo "out$i"; echo "err$i" >&2; done; exit 7']));
+    expect(lines.result).toEqual({ exitCode: 7, signal: null, timedOut: false });
+    expect(lines.stdout).toBe("out1\nout2\nout3\nout4\nout5\n");
+    expect(lines.stderr).toBe("err1\nerr2\nerr3\nerr4\nerr5\n");
+
+    // 180 kB of multi-byte characters: many reads, boundaries inside characters, none mangled.
+    const wide = await run(rt, req(["sh", "-c", "i=0; while [ $i -lt 20000 ]; do printf 'é€😀'; i=$((i+1)); done"]));
+    expect(wide.stdout).toBe("é€😀".repeat(20_000));
+    expect(wide.pieces).toBeGreaterThan(1);
+  });
+
+  it("feeds stdin when given, and closed input otherwise", async () => {
+    const rt = await guest();
+    expect((await run(rt, req(["cat"], { stdin: "hello\nwörld" }))).stdout).toBe("hello\nwörld");
+    // No input: cat sees end of file at once instead of waiting for the timeout.
+    expect(await run(rt, req(["cat"], { timeoutMs: 5000 }))).toMatchObject({ result: { exitCode: 0, timedOut: false }, stdout: "" });
+    // Input the command never reads is no error.
+    expect((await run(rt, req(["true"], { stdin: "x".repeat(1_000_000) }))).result.exitCode).toBe(0);
+  });
+
+  it("answers a missing program as a shell would: exit 127 and a line on stderr", async () => {
+    const rt = await guest();
+    expect(await run(rt, req(["no-such-program-here", "arg"]))).toMatchObject({
+      result: { exitCode: 127, signal: null, timedOut: false },
+      stderr: "no-such-program-here: command not found\n",
+    });
+  });
+
+  it("kills the command's whole process group at its timeout", async () => {
+    const rt = await guest();
+    const started = Date.now();
+    const out = await run(rt, req(["sh", "-c", "sleep 30 & echo $! > child.pid; echo started; wait"], { timeoutMs: 300 }));
+    expect(out.result).toEqual({ exitCode: null, signal: "SIGKILL", timedOut: true });
+    expect(out.stdout).toBe("started\n");
+    expect(Date.now() - started).toBeLessThan(10_000);
+    const child = Number(readFileSync(join(dir, "scratch", "inst_a", "child.pid"), "utf8"));
+    await until("the background child to be gone too", () => !alive(child), 5000, 10);
+  });
+
+  it("refuses a domain that is not running, or not there, not retryable", async () => {
+    const rt = createFakeRuntime({ dir });
+    running.push(rt);
+    await rt.create(spec("inst_a"));
+    const stopped = await rejection(rt.exec("inst_a", req(["true"]), () => {}));
+    expect(stopped).toBeInstanceOf(RuntimeError);
+    expect(stopped).toMatchObject({ retryable: false, message: expect.stringContaining("is stopped, exec needs it running") });
+    await rt.start("inst_a");
+    await rt.pause("inst_a");
+    expect(await rejection(rt.exec("inst_a", req(["true"]), () => {}))).toMatchObject({ retryable: false, message: expect.stringContaining("paused") });
+    expect(await rejection(rt.exec("inst_nope", req(["true"]), () => {}))).toMatchObject({ retryable: false, message: expect.stringContaining("inst_nope") });
+    expect(existsSync(join(dir, "scratch", "inst_a"))).toBe(false); // nothing ran
+  });
+
+  it("runs several execs of one domain side by side, and a stop ends those still running", async () => {
+    const rt = await guest();
+    // The first waits for what the second does: run one after the other, the first would time out.
+    const waiting = run(rt, req(["sh", "-c", "while [ ! -f go ]; do sleep 0.01; done; echo went"], { timeoutMs: 5000 }));
+    await run(rt, req(["touch", "go"]));
+    expect(await waiting).toMatchObject({ result: { exitCode: 0, timedOut: false }, stdout: "went\n" });
+
+    let up = false;
+    const sleeping = rt.exec("inst_a", req(["sh", "-c", "echo up; exec sleep 30"], { timeoutMs: 60_000 }), () => (up = true));
+    await until("the command to run", () => up, 5000, 5);
+    await rt.stop("inst_a");
+    expect(await sleeping).toEqual({ exitCode: null, signal: "SIGKILL", timedOut: false });
+  });
+
+  it("keeps the spec's env and network policy in the domain's record", async () => {
+    const network = { egress: "allowlist" as const, allow: [{ cidr: "10.0.0.0/8", port: 443, proto: "tcp" as const }] };
+    await guest({ env: { A: "1" }, network });
+    expect(JSON.parse(readFileSync(join(dir, "domains", "inst_a.json"), "utf8"))).toMatchObject({ env: { A: "1" }, network });
+  });
+});
+
+describe("fake runtime: a domain made from another's snapshot", () => {
+  const running: { close(): Promise<void> }[] = [];
+  afterEach(async () => {
+    for (const rt of running.splice(0)) await rt.close();
+  });
+  const record = (id: string) => JSON.parse(readFileSync(join(dir, "domains", `${id}.json`), "utf8"));
+  const req = (command: string[]) => ({ command, env: {}, stdin: null, timeoutMs: 10_000 });
+  const fork = (over: Partial<InstanceSpec> = {}) =>
+    spec("inst_b", {
+      fromSnapshot: { instanceId: "inst_a", snapshotId: "snap_1" },
+      nic: { bridge: "br-bc", mac: "52:54:00:00:00:bb", address: null, prefix: null, gateway: null },
+      hostname: "fork",
+      env: { WHO: "fork" },
+      ...over,
+    });
+
+  it("starts paused with the source's disk, memory and files, under its own identity; resuming runs it on", async () => {
+    const rt = createFakeRuntime({ dir });
+    running.push(rt);
+    await rt.create(spec("inst_a", { env: { WHO: "source" }, vcpus: 3 }));
+    await rt.start("inst_a");
+    await rt.exec("inst_a", req(["sh", "-c", "echo saved > note"]), () => {});
+    await rt.snapshot("inst_a", "snap_1");
+    // What the source does after the snapshot is not the fork's.
+    await rt.exec("inst_a", req(["sh", "-c", "echo later > note"]), () => {});
+
+    await rt.create(fork({ vcpus: 3 }));
+    expect((await rt.list()).find((d) => d.id === "inst_b")).toEqual({
+      id: "inst_b",
+      state: "paused",
+      shape: { vcpus: 3, memoryMib: 2048, diskGib: 20 },
+      addresses: [],
+    });
+    expect(record("inst_b")).toMatchObject({
+      mac: "52:54:00:00:00:bb",
+      env: { WHO: "fork" },
+      image: record("inst_a").image,
+      fromSnapshot: { instanceId: "inst_a", snapshotId: "snap_1" },
+    });
+    expect(readFileSync(join(dir, "overlays", "inst_b.qcow2"), "utf8")).toBe(readFileSync(join(dir, "snapshots", "inst_a", "snap_1", "overlay.qcow2"), "utf8"));
+    expect(JSON.parse(readFileSync(join(dir, "seeds", "inst_b.iso"), "utf8")).files["meta-data"]).toContain("local-hostname: fork");
+
+    await rt.create(fork({ vcpus: 8 })); // idempotent: made once
+    expect(record("inst_b")).toMatchObject({ state: "paused", shape: { vcpus: 3 } });
+    await rt.resume("inst_b");
+    expect(await stateOf(rt, "inst_b")).toBe("running");
+    const seen: string[] = [];
+    await rt.exec("inst_b", req(["sh", "-c", 'cat note; echo "$WHO"']), (_, d) => seen.push(d));
+    expect(seen.join("")).toBe("saved\nfork\n");
+    expect(await stateOf(rt, "inst_a")).toBe("running");
+  });
+
+  it("refuses an unknown snapshot or source domain, not retryable, and makes nothing", async () => {
+    const rt = createFakeRuntime({ dir });
+    running.push(rt);
+    await rt.create(spec("inst_a"));
+    await rt.start("inst_a");
+    for (const [from, says] of [
+      [{ instanceId: "inst_a", snapshotId: "snap_never" }, "no snapshot snap_never of domain 'inst_a'"],
+      [{ instanceId: "inst_gone", snapshotId: "snap_1" }, "inst_gone"],
+      [{ instanceId: "inst_b", snapshotId: "snap_1" }, "inst_b"],
+    ] as const) {
+      const err = await rejection(rt.create(fork({ fromSnapshot: from })));
+      expect(err).toBeInstanceOf(RuntimeError);
+      expect(err).toMatchObject({ retryable: false, message: expect.stringContaining(says) });
+    }
+    expect((await rt.list()).map((d) => d.id)).toEqual(["inst_a"]);
   });
 });

@@ -1,20 +1,22 @@
-import { existsSync, mkdirSync, readFileSync, renameSync, rmSync, writeFileSync } from "node:fs";
-import { copyFile, mkdir, readdir, readFile, rename, rm, writeFile } from "node:fs/promises";
+import { existsSync, mkdirSync } from "node:fs";
+import { copyFile, cp, mkdir, readdir, readFile, rename, rm, writeFile } from "node:fs/promises";
 import { join } from "node:path";
 import { setTimeout as sleep } from "node:timers/promises";
-import type { Capacity } from "../../../contracts/host.ts";
-import { bytesIn, PRIVATE_DIR, PRIVATE_FILE, sweepTemporaries } from "../files.ts";
+import type { Capacity, InstanceSpec } from "../../../contracts/host.ts";
+import { bytesIn, PRIVATE_DIR, sweepTemporaries } from "../files.ts";
 import { type DomainStatus, type Runtime, RuntimeError } from "../runtime.ts";
 import { renderSeed } from "../seed.ts";
+import { GUEST_PATH, GuestProcesses } from "./exec.ts";
+import { consumeInjected, type DomainRecord, type FakeOp, isMissing, type PowerState, safeId, tmpName, writeAtomic } from "./store.ts";
+
+export { clearFailures, crashDomain, type FakeOp, fakeOps, type InjectedFailure, injectFailure, setDomainAddresses } from "./store.ts";
 
 /**
  * The `fake` runtime: a hypervisor made of files, for `bc agent --runtime fake`, `bc dev --sim N` and tests.
  * Everything lives under one directory, so a restarted agent on the same directory finds its domains again,
- * and several fakes can share one process as long as each has its own directory.
+ * and several fakes can share one process as long as each has its own directory. Its guests' execs are real
+ * child processes (./exec.ts), run in a scratch directory per domain that its snapshots keep as its disk.
  */
-
-export const fakeOps = ["create", "start", "stop", "pause", "resume", "remove", "resize", "snapshot", "restore"] as const;
-export type FakeOp = (typeof fakeOps)[number];
 
 export interface FakeOptions {
   /** State directory, created if missing. */
@@ -30,33 +32,7 @@ export interface FakeOptions {
   serves?: string[];
 }
 
-/** A refusal the host will make: every time, or the next `times` calls. */
-export interface InjectedFailure {
-  error: string;
-  retryable: boolean;
-  times?: number;
-}
-
-type PowerState = DomainStatus["state"];
-
-interface DomainRecord {
-  id: string;
-  state: PowerState;
-  shape: DomainStatus["shape"];
-  mac: string;
-  image: { url: string; sha256: string };
-  createdAt: string;
-  /** What the simulated guest is seen to use, as a runtime learns it (tests set it: setDomainAddresses). */
-  addresses?: string[];
-  /** Set while a snapshot has the domain saved (off): the snapshot and the power state it had. */
-  saving?: { snapshotId: string; power: PowerState };
-}
-
 const defaultCapacity: Capacity = { vcpus: 16, memoryMib: 65536, diskGib: 1000, gpus: [] };
-
-// Ids and digests become file names: anything else could climb out of the state directory.
-const safeId = /^[A-Za-z0-9][A-Za-z0-9_-]*$/;
-const sha256Hex = /^[0-9a-f]{64}$/;
 
 // Power moves as libvirt allows them: the target state itself is a no-op, the listed sources move, the rest
 // is an invalid request (libvirt will not suspend an inactive domain, nor start a paused one).
@@ -67,88 +43,8 @@ const moves: Record<"start" | "stop" | "pause" | "resume", { to: PowerState; fro
   resume: { to: "running", from: ["paused"] },
 };
 
-let tmpCounter = 0;
-// A rename within one directory is atomic: a reader (or a restarted agent) sees the old file or the new one,
-// never half of either. Temp names end in `.tmp` so `list()` never mistakes one for a domain.
-const tmpName = (path: string) => `${path}.${process.pid}.${++tmpCounter}.tmp`;
-
-async function writeAtomic(path: string, data: string): Promise<void> {
-  const tmp = tmpName(path);
-  await writeFile(tmp, data, { mode: PRIVATE_FILE });
-  await rename(tmp, path);
-}
-
-function writeAtomicSync(path: string, data: string): void {
-  const tmp = tmpName(path);
-  writeFileSync(tmp, data, { mode: PRIVATE_FILE });
-  renameSync(tmp, path);
-}
-
-const isMissing = (err: unknown) => (err as NodeJS.ErrnoException).code === "ENOENT";
-
-const injectPath = (dir: string) => join(dir, "inject.json");
-
-function readInjections(dir: string): Partial<Record<FakeOp, InjectedFailure>> {
-  try {
-    return JSON.parse(readFileSync(injectPath(dir), "utf8"));
-  } catch (err) {
-    if (isMissing(err)) return {};
-    throw err;
-  }
-}
-
-function writeInjections(dir: string, all: Partial<Record<FakeOp, InjectedFailure>>): void {
-  if (Object.keys(all).length === 0) rmSync(injectPath(dir), { force: true });
-  else writeAtomicSync(injectPath(dir), `${JSON.stringify(all, null, 2)}\n`);
-}
-
-// The injection file is handled with synchronous calls on purpose: read, decrement and rewrite happen without
-// yielding, so two operations in flight in this process cannot both spend the last `times`.
-
-/** Make `op` fail on the runtime using `dir` (merged with the failures already injected there). */
-export function injectFailure(dir: string, op: FakeOp, failure: InjectedFailure): void {
-  if (failure.times !== undefined && !(Number.isInteger(failure.times) && failure.times > 0)) {
-    throw new Error(`times must be a positive integer, got ${failure.times}`);
-  }
-  mkdirSync(dir, { recursive: true });
-  writeInjections(dir, { ...readInjections(dir), [op]: failure });
-}
-
-/** Forget every injected failure for the runtime using `dir`. */
-export function clearFailures(dir: string): void {
-  rmSync(injectPath(dir), { force: true });
-}
-
-/**
- * What happens to a simulated guest by itself, on the host using `dir`: it crashes (as libvirt shows a guest
- * that panicked or whose QEMU died), or its runtime learns the addresses it uses. For tests, on a domain no
- * operation is acting on: the file is rewritten outside the runtime's own queue.
- */
-export function crashDomain(dir: string, id: string): void {
-  editDomain(dir, id, (d) => ({ ...d, state: "crashed" }));
-}
-
-export function setDomainAddresses(dir: string, id: string, addresses: string[]): void {
-  editDomain(dir, id, (d) => ({ ...d, addresses }));
-}
-
-function editDomain(dir: string, id: string, edit: (d: DomainRecord) => DomainRecord): void {
-  if (!safeId.test(id)) throw new Error(`invalid domain name '${id}'`);
-  const path = join(dir, "domains", `${id}.json`);
-  writeAtomicSync(path, `${JSON.stringify(edit(JSON.parse(readFileSync(path, "utf8"))), null, 2)}\n`);
-}
-
-function consumeInjected(dir: string, op: FakeOp): void {
-  const all = readInjections(dir);
-  const failure = all[op];
-  if (!failure) return;
-  if (failure.times !== undefined) {
-    if (failure.times > 1) all[op] = { ...failure, times: failure.times - 1 };
-    else delete all[op];
-    writeInjections(dir, all);
-  }
-  throw new RuntimeError(failure.error, failure.retryable);
-}
+// Digests become file names, as ids do (safeId).
+const sha256Hex = /^[0-9a-f]{64}$/;
 
 export function createFakeRuntime(opts: FakeOptions): Runtime {
   const { dir } = opts;
@@ -159,16 +55,22 @@ export function createFakeRuntime(opts: FakeOptions): Runtime {
     seed: (id: string) => join(dir, "seeds", `${id}.iso`),
     image: (sha256: string) => join(dir, "images", sha256),
     snapshots: (id: string) => join(dir, "snapshots", id),
+    /**
+     * Where the domain's execs run: the fake guest's filesystem, kept with its snapshots as its disk is. Like
+     * everything under `dir`, names a restart takes for leftovers (`*.tmp`, `*.part`) are swept from it.
+     */
+    scratch: (id: string) => join(dir, "scratch", id),
     snapshot: (id: string, snapshotId: string) => {
       if (!safeId.test(snapshotId)) throw new RuntimeError(`invalid snapshot name '${snapshotId}'`, false);
       return join(dir, "snapshots", id, snapshotId);
     },
   };
-  for (const sub of ["domains", "overlays", "seeds", "images", "snapshots"]) mkdirSync(join(dir, sub), { recursive: true, mode: PRIVATE_DIR });
+  for (const sub of ["domains", "overlays", "seeds", "images", "snapshots", "scratch"]) mkdirSync(join(dir, sub), { recursive: true, mode: PRIVATE_DIR });
   sweepTemporaries(dir);
 
   // One promise chain per domain: an operation starts only once the previous one on that domain settled.
   const chains = new Map<string, Promise<unknown>>();
+  const guests = new GuestProcesses();
 
   function serial<T>(id: string, fn: () => Promise<T>): Promise<T> {
     const prev = chains.get(id) ?? Promise.resolve();
@@ -219,6 +121,7 @@ export function createFakeRuntime(opts: FakeOptions): Runtime {
     const { saving: _, ...saved } = record;
     await writeFile(join(partial, "domain.json"), `${JSON.stringify(saved, null, 2)}\n`);
     await copyFile(paths.overlay(record.id), join(partial, "overlay.qcow2"));
+    if (existsSync(paths.scratch(record.id))) await cp(paths.scratch(record.id), join(partial, "scratch"), { recursive: true });
     await rename(partial, final);
   }
 
@@ -239,6 +142,56 @@ export function createFakeRuntime(opts: FakeOptions): Runtime {
     return back;
   }
 
+  /** Put a snapshot's disk (overlay, scratch) in place as domain `id`'s, each swapped in whole. */
+  async function installSaved(snapshotDir: string, id: string): Promise<void> {
+    const tmp = tmpName(paths.overlay(id));
+    await copyFile(join(snapshotDir, "overlay.qcow2"), tmp);
+    await rename(tmp, paths.overlay(id));
+    const scratch = paths.scratch(id);
+    const aside = tmpName(scratch);
+    if (existsSync(join(snapshotDir, "scratch"))) await cp(join(snapshotDir, "scratch"), aside, { recursive: true });
+    else await mkdir(aside, { mode: PRIVATE_DIR });
+    await rm(scratch, { recursive: true, force: true });
+    await rename(aside, scratch);
+  }
+
+  /**
+   * A domain that starts life as another's snapshot: its disk and memory (the saved record), this spec's
+   * identity, paused at the saved point. A snapshot directory is only ever renamed into place whole and removed
+   * with its domain, so it is read without the source's queue (taking it here could deadlock two such creates).
+   */
+  async function createFromSnapshot(spec: InstanceSpec, from: { instanceId: string; snapshotId: string }): Promise<void> {
+    const { instanceId: source, snapshotId } = from;
+    if (!safeId.test(source) || source === spec.id) throw new RuntimeError(`cannot make '${spec.id}' from domain '${source}'`, false);
+    const final = paths.snapshot(source, snapshotId);
+    const unknown = () =>
+      existsSync(paths.domain(source))
+        ? new RuntimeError(`no snapshot ${snapshotId} of domain '${source}'`, false)
+        : new RuntimeError(`Domain not found: no domain with matching name '${source}'`, false);
+    let saved: DomainRecord;
+    try {
+      saved = JSON.parse(await readFile(join(final, "domain.json"), "utf8"));
+      await installSaved(final, spec.id);
+    } catch (err) {
+      // Removed with its domain while being read counts as never there.
+      if (isMissing(err)) throw unknown();
+      throw err;
+    }
+    await writeAtomic(paths.seed(spec.id), `${JSON.stringify({ volumeId: "cidata", files: renderSeed(spec) }, null, 2)}\n`);
+    // The domain file last, as in create: until it exists the create runs again from the start.
+    await save({
+      id: spec.id,
+      state: "paused",
+      shape: saved.shape,
+      mac: spec.nic.mac,
+      image: saved.image,
+      createdAt: new Date().toISOString(),
+      env: spec.env,
+      network: spec.network,
+      fromSnapshot: { instanceId: source, snapshotId },
+    });
+  }
+
   function power(move: keyof typeof moves) {
     return (id: string) =>
       op(move, id, async () => {
@@ -250,6 +203,9 @@ export function createFakeRuntime(opts: FakeOptions): Runtime {
         if (d.state === to) return;
         if (!from.includes(d.state)) throw new RuntimeError(`Requested operation is not valid: domain '${id}' is ${d.state}, cannot ${move}`, false);
         await save({ ...d, state: to });
+        // Its execs go with the guest: frozen while it is paused, gone when it is off.
+        const signal = { stop: "SIGKILL", pause: "SIGSTOP", resume: "SIGCONT", start: null } as const;
+        if (signal[move]) guests.signal(id, signal[move]);
       });
   }
 
@@ -280,6 +236,7 @@ export function createFakeRuntime(opts: FakeOptions): Runtime {
     create: (spec) =>
       op("create", spec.id, async () => {
         if (existsSync(paths.domain(spec.id))) return;
+        if (spec.fromSnapshot) return createFromSnapshot(spec, spec.fromSnapshot);
         const { url, sha256 } = spec.image;
         if (!sha256Hex.test(sha256)) throw new RuntimeError(`image ${url}: '${sha256}' is not a sha256 digest`, false);
         // The "download": one base per digest, shared by every overlay on it and never fetched twice.
@@ -297,6 +254,8 @@ export function createFakeRuntime(opts: FakeOptions): Runtime {
           mac: spec.nic.mac,
           image: { url, sha256 },
           createdAt: new Date().toISOString(),
+          env: spec.env,
+          network: spec.network,
         });
       }),
 
@@ -319,6 +278,8 @@ export function createFakeRuntime(opts: FakeOptions): Runtime {
 
     remove: (id) =>
       op("remove", id, async () => {
+        guests.signal(id, "SIGKILL");
+        await rm(paths.scratch(id), { recursive: true, force: true });
         // Domain file last, for the same reason as in create: until it is gone the domain is listed and a
         // remove interrupted halfway gets called again.
         await rm(paths.overlay(id), { force: true });
@@ -337,9 +298,15 @@ export function createFakeRuntime(opts: FakeOptions): Runtime {
           throw new RuntimeError(`Requested operation is not valid: domain '${id}' is not running: no memory to save`, false);
         // Off while saved, as under libvirt: a status read meanwhile sees it stopped.
         const saving: DomainRecord = { ...d, state: "stopped", saving: { snapshotId, power: d.state } };
-        await save(saving);
-        await delay("snapshot");
-        await settle(saving, true);
+        // Its execs hold still while it is saved, so the saved files are of one moment.
+        guests.signal(id, "SIGSTOP");
+        try {
+          await save(saving);
+          await delay("snapshot");
+          await settle(saving, true);
+        } finally {
+          if (d.state === "running") guests.signal(id, "SIGCONT");
+        }
         return { sizeBytes: await bytesIn(final) };
       }),
 
@@ -349,14 +316,34 @@ export function createFakeRuntime(opts: FakeOptions): Runtime {
         const { saving: _, ...d } = await load(id);
         if (!existsSync(final)) throw new RuntimeError(`no snapshot ${snapshotId} of domain '${id}'`, false);
         const saved = JSON.parse(await readFile(join(final, "domain.json"), "utf8")) as DomainRecord;
-        const tmp = tmpName(paths.overlay(id));
-        await copyFile(join(final, "overlay.qcow2"), tmp);
-        await rename(tmp, paths.overlay(id));
+        // Its memory is replaced: whatever its execs were doing is gone.
+        guests.signal(id, "SIGKILL");
+        await installSaved(final, id);
         await save({ ...d, state: saved.state, shape: saved.shape });
       }),
 
+    exec: async (id, req, onOutput) => {
+      if (!safeId.test(id)) throw new RuntimeError(`invalid domain name '${id}'`, false);
+      // Outside the domain's queue: a slow guest agent holds up no power operation.
+      await delay("exec");
+      // Checked and started inside it, so a stop queued behind it finds the process to kill; the command then
+      // runs outside it, beside other execs and power operations.
+      const started = await serial(id, async () => {
+        consumeInjected(dir, "exec");
+        const d = await load(id);
+        if (d.state !== "running") throw new RuntimeError(`Requested operation is not valid: domain '${id}' is ${d.state}, exec needs it running`, false);
+        await mkdir(paths.scratch(id), { recursive: true, mode: PRIVATE_DIR });
+        // Only what the guest would have: none of the agent's own environment leaks into a sandbox's command.
+        const env = { PATH: GUEST_PATH, ...d.env, ...req.env };
+        return { done: guests.run(id, paths.scratch(id), env, req, onOutput) };
+      });
+      return started.done;
+    },
+
     async close() {
-      // Nothing is held open; waiting for operations in flight lets a caller delete the directory afterwards.
+      // Waiting for operations in flight lets a caller delete the directory afterwards. Execs end here: a
+      // fake guest is this process's children, and none may outlive it.
+      guests.killAll();
       await Promise.allSettled([...chains.values()]);
     },
   };

@@ -1,4 +1,4 @@
-import type { InstanceSpec } from "../../../contracts/host.ts";
+import { type InstanceSpec, tapFor } from "../../../contracts/host.ts";
 
 /**
  * The libvirt domain of an instance, as XML. Pure, so every branch (domain type, direct kernel boot, GPUs) is
@@ -34,7 +34,7 @@ export const OWNER_NS = "urn:better-compute:instance";
 export const ownedBy = (xml: string, owner: string) =>
   /^[0-9a-z-]+$/i.test(owner) && new RegExp(`<\\w+:instance[^>]*\\bowner=["']${owner}["']`).test(xml) && xml.includes(OWNER_NS);
 
-const esc = (s: string) => s.replace(/&/g, "&amp;").replace(/</g, "&lt;").replace(/>/g, "&gt;").replace(/"/g, "&quot;").replace(/'/g, "&apos;");
+export const esc = (s: string) => s.replace(/&/g, "&amp;").replace(/</g, "&lt;").replace(/>/g, "&gt;").replace(/"/g, "&quot;").replace(/'/g, "&apos;");
 
 /** `0000:65:00.0` → libvirt's address attributes; anything else is refused rather than guessed. */
 export function pciAddress(addr: string): string {
@@ -72,10 +72,14 @@ export function domainXml(spec: InstanceSpec, o: DomainOptions): string {
     "<devices>",
     `<disk type='file' device='disk'><driver name='qemu' type='qcow2'/><source file='${esc(o.paths.overlay)}'/><target dev='vda' bus='virtio'/></disk>`,
     `<disk type='file' device='cdrom'><driver name='qemu' type='raw'/><source file='${esc(o.paths.seed)}'/><target dev='hdc' bus='ide'/><readonly/></disk>`,
-    // The tap is enslaved to the bridge by libvirt when the domain starts, before the guest runs.
-    `<interface type='bridge'><source bridge='${esc(spec.nic.bridge)}'/><mac address='${esc(spec.nic.mac)}'/><model type='virtio'/></interface>`,
+    // The tap is enslaved to the bridge by libvirt when the domain starts, before the guest runs. Its name is
+    // the instance's (tapFor), so the host's egress rules can match the instance's traffic by interface.
+    `<interface type='bridge'><source bridge='${esc(spec.nic.bridge)}'/><mac address='${esc(spec.nic.mac)}'/><target dev='${esc(tapFor(spec.id))}'/><model type='virtio'/></interface>`,
     `<serial type='file'><source path='${esc(o.paths.console)}' append='on'/><target port='0'/></serial>`,
     "<console type='pty'><target type='serial' port='0'/></console>",
+    // The QEMU guest agent's port (exec, ./guest-exec.ts): libvirt adds the virtio-serial controller and the
+    // host socket and connects to it itself; a guest running qemu-ga finds the port by this name.
+    "<channel type='unix'><target type='virtio' name='org.qemu.guest_agent.0'/></channel>",
     ...gpus,
     // pvpanic: a guest kernel that panics says so, and libvirt shows the domain crashed instead of hung.
     "<panic model='isa'/>",

@@ -1,16 +1,20 @@
 import { randomUUID } from "node:crypto";
 import { constants, existsSync } from "node:fs";
-import { chmod, copyFile, mkdir, mkdtemp, readFile, rename, rm, writeFile } from "node:fs/promises";
+import { chmod, copyFile, mkdir, readFile, rename, rm, writeFile } from "node:fs/promises";
 import { dirname, join, resolve } from "node:path";
 import { setTimeout as sleep } from "node:timers/promises";
-import type { Capacity, InstanceSpec } from "../../../contracts/host.ts";
+import type { Capacity, ExecRequest, ExecResult, InstanceSpec } from "../../../contracts/host.ts";
 import { bytesIn, PASS_THROUGH_DIR, PRIVATE_FILE, sweepTemporaries } from "../files.ts";
 import { type DomainStatus, type Runtime, RuntimeError } from "../runtime.ts";
-import { renderSeed } from "../seed.ts";
+import { type Dom, daemonSocket, type Hypervisor, openLibvirt } from "./binding.ts";
+import { type CloneContext, createFromSnapshot } from "./clone-create.ts";
+import { makeOverlay, writeSeedIso } from "./disks.ts";
 import { type DirectBoot, type DomainType, domainXml, ownedBy } from "./domain-xml.ts";
 import { run } from "./exec.ts";
+import { asRuntimeError, guestExec } from "./guest-exec.ts";
 import { detectDomainType, diskGib } from "./host.ts";
 import { ImageCache, type ImageSources, imageInfo, refuseReferences } from "./images.ts";
+import { LibvirtRpc } from "./rpc.ts";
 import { clearSaving, markSaving, readSaving, type Saving, savedPower, seal, snapshotPaths } from "./snapshots.ts";
 import { CrashWatch, powerOf } from "./states.ts";
 
@@ -35,68 +39,14 @@ export interface LibvirtOptions {
   gpus?: Capacity["gpus"];
   /** Where base images may be fetched from beyond public https (the operator's allowances), and the fetch's bounds. */
   imageSources?: ImageSources;
+  /** How long exec waits for a guest's agent that is not connected yet (a guest still booting). Default 15 s. */
+  agentWaitMs?: number;
 }
 
-// What the binding exposes, as far as this runtime uses it.
-interface Binding {
-  Hypervisor: new (o: { uri: string }) => Hypervisor;
-}
-type Dom = object;
-export interface Hypervisor {
-  connectOpen(): Promise<void>;
-  connectClose(): Promise<void>;
-  connectListAllDomains(): Promise<Dom[]>;
-  domainLookupByName(name: string): Promise<Dom>;
-  domainDefineXML(xml: string): Promise<Dom>;
-  domainCreate(d: Dom): Promise<void>;
-  domainShutdown(d: Dom): Promise<void>;
-  domainDestroy(d: Dom): Promise<void>;
-  domainUndefine(d: Dom): Promise<void>;
-  domainSuspend(d: Dom): Promise<void>;
-  domainResume(d: Dom): Promise<void>;
-  domainSave(d: Dom, path: string): Promise<void>;
-  domainRestore(path: string): Promise<void>;
-  domainGetName(d: Dom): Promise<string>;
-  domainGetInfo(d: Dom): Promise<{ state: number; maxMem: number; nrVirtCpu: number }>;
-  domainGetXMLDesc(d: Dom, flags?: number): Promise<string>;
-  nodeGetInfo(): Promise<{ cpus: number; memory: number }>;
-}
+export { type Hypervisor, openLibvirt } from "./binding.ts";
+export { makeOverlay, writeSeedIso } from "./disks.ts";
 
 const isInstance = (name: string) => /^inst_[a-z2-7]+$/.test(name);
-
-/** A connection to libvirtd through the optional binding; a clear RuntimeError where it was not built. */
-export async function openLibvirt(uri = "qemu:///system"): Promise<Hypervisor> {
-  let binding: Binding;
-  try {
-    binding = (await import("@unraid/libvirt" as string)) as Binding;
-  } catch (e) {
-    throw new RuntimeError(`the libvirt-kvm runtime needs the optional @unraid/libvirt binding (built with libvirt-dev at npm install): ${e}`, true);
-  }
-  const hv = new binding.Hypervisor({ uri });
-  await hv.connectOpen();
-  return hv;
-}
-
-/** An instance's disk: a qcow2 overlay on its base, made aside and renamed, so a killed agent never reuses half of one. */
-export async function makeOverlay(base: string, baseFormat: string, path: string, diskGib: number): Promise<void> {
-  const tmp = `${path}.tmp`;
-  await run("qemu-img", ["create", "-q", "-f", "qcow2", "-F", baseFormat, "-b", base, tmp, `${diskGib}G`]);
-  await rename(tmp, path);
-}
-
-/** The instance's NoCloud seed (./seed.ts), burnt to an ISO labelled `cidata`. */
-export async function writeSeedIso(spec: InstanceSpec, iso: string): Promise<void> {
-  const tmp = await mkdtemp(join(dirname(iso), "seed-"));
-  try {
-    const files = renderSeed(spec);
-    for (const [name, body] of Object.entries(files)) await writeFile(join(tmp, name), body, { mode: PRIVATE_FILE });
-    await run("genisoimage", ["-quiet", "-output", iso, "-volid", "cidata", "-joliet", "-rock", ...Object.keys(files).map((f) => join(tmp, f))]);
-    // The seed holds the owner's user data: the host's alone (libvirt hands it to QEMU's user at start).
-    await chmod(iso, PRIVATE_FILE);
-  } finally {
-    await rm(tmp, { recursive: true, force: true });
-  }
-}
 
 export async function createLibvirtRuntime(o: LibvirtOptions): Promise<Runtime & LibvirtRuntimeExtras> {
   const hv = await openLibvirt(o.uri);
@@ -124,6 +74,9 @@ export interface LibvirtRuntimeExtras {
   snapshotDir(id: string, snapshotId: string): string;
 }
 
+/** The spec's env, kept with the instance for exec (it may hold the owner's secrets: the host's alone). */
+const ENV_FILE = "env.json";
+
 class LibvirtRuntime implements Runtime, LibvirtRuntimeExtras {
   readonly id = "libvirt-kvm";
   private readonly images: ImageCache;
@@ -132,6 +85,8 @@ class LibvirtRuntime implements Runtime, LibvirtRuntimeExtras {
   /** Whether a domain (by name) is this runtime's; a name's owner never changes while it exists. */
   private readonly owned = new Map<string, boolean>();
   private readonly crashes = new CrashWatch();
+  /** Guest agent commands go to libvirtd over its RPC protocol (./rpc.ts), opened at the first exec. */
+  private agentRpc: LibvirtRpc | null = null;
 
   constructor(
     private readonly hv: Hypervisor,
@@ -158,9 +113,17 @@ class LibvirtRuntime implements Runtime, LibvirtRuntimeExtras {
   async list(): Promise<DomainStatus[]> {
     const out: DomainStatus[] = [];
     for (const d of await this.libvirt(() => this.hv.connectListAllDomains())) {
-      const name = await this.libvirt(() => this.hv.domainGetName(d));
-      if (!isInstance(name) || !(await this.mine(name, d))) continue;
-      const info = await this.libvirt(() => this.hv.domainGetInfo(d));
+      let name: string;
+      let info: Awaited<ReturnType<Hypervisor["domainGetInfo"]>>;
+      try {
+        name = await this.libvirt(() => this.hv.domainGetName(d));
+        if (!isInstance(name) || !(await this.mine(name, d))) continue;
+        info = await this.libvirt(() => this.hv.domainGetInfo(d));
+      } catch (e) {
+        // Undefined since it was listed (by anyone sharing this libvirtd): it is not there to report.
+        if (/Domain not found/i.test((e as Error).message)) continue;
+        throw e;
+      }
       out.push({
         id: name,
         state: await this.crashes.seen(name, info.state, this.o.uri ?? "qemu:///system"),
@@ -173,7 +136,13 @@ class LibvirtRuntime implements Runtime, LibvirtRuntimeExtras {
 
   async create(spec: InstanceSpec): Promise<void> {
     const dir = this.dir(spec.id);
-    if (await this.lookup(spec.id)) return;
+    if (spec.fromSnapshot) {
+      await this.keepEnv(spec);
+      await createFromSnapshot(this.cloneContext(), spec, spec.fromSnapshot);
+      this.owned.set(spec.id, true);
+      return;
+    }
+    if (await this.lookup(spec.id)) return this.keepEnv(spec);
     if (spec.image.format === "iso") throw new RuntimeError("installing from an ISO image is not supported by libvirt-kvm yet", false);
     // No base larger than the instance's own disk: a tenant's URL must not fill the host.
     const base = await this.images.get(spec.image, spec.diskGib * 2 ** 30);
@@ -182,6 +151,7 @@ class LibvirtRuntime implements Runtime, LibvirtRuntimeExtras {
     const paths = { overlay: this.overlayPath(spec.id), seed: join(dir, "seed.iso"), console: this.consolePath(spec.id) };
     if (!existsSync(paths.overlay)) await makeOverlay(base, spec.image.format, paths.overlay, spec.diskGib);
     await writeSeedIso(spec, paths.seed);
+    await this.keepEnv(spec);
     const xml = domainXml(spec, { type: this.domainType, owner: this.owner, paths, boot: this.o.boot });
     await this.libvirt(() => this.hv.domainDefineXML(xml));
     this.owned.set(spec.id, true);
@@ -337,6 +307,19 @@ class LibvirtRuntime implements Runtime, LibvirtRuntimeExtras {
     if (power === "running" && now === "paused") await this.libvirt(() => this.hv.domainResume(d));
   }
 
+  private cloneContext(): CloneContext {
+    return {
+      hv: this.hv,
+      owner: this.owner,
+      instanceDir: (id) => this.dir(id),
+      overlayPath: this.overlayPath,
+      lookup: (id) => this.lookup(id),
+      power: (d) => this.power(d),
+      libvirt: (call) => this.libvirt(call),
+      refuseForeignDisk: (id, disk) => this.refuseForeignDisk(id, disk),
+    };
+  }
+
   /** An instance's disk must stand on a verified base of this host's cache, and name nothing else. */
   private async refuseForeignDisk(id: string, disk: string): Promise<void> {
     const info = await imageInfo(disk, "qcow2");
@@ -347,7 +330,44 @@ class LibvirtRuntime implements Runtime, LibvirtRuntimeExtras {
     refuseReferences({ ...info, "backing-filename": undefined, "full-backing-filename": undefined }, `the disk of ${id}`);
   }
 
+  /**
+   * Through the QEMU guest agent (./guest-exec.ts), with the env the instance was created with under the
+   * request's. Only a running guest: a paused one cannot answer, and a stopped one has nothing to run it in.
+   */
+  async exec(id: string, req: Omit<ExecRequest, "instanceId">, onOutput: (stream: "stdout" | "stderr", data: string) => void): Promise<ExecResult> {
+    // No settle here, unlike the power methods: an exec may run beside a snapshot of the same domain.
+    const d = await this.must(id);
+    const power = await this.power(d);
+    if (power !== "running") throw new RuntimeError(`${id} is ${power}: exec needs it running`, false);
+    const socket = daemonSocket(this.o.uri);
+    if (!socket) throw new RuntimeError(`exec needs libvirtd on this machine (qemu:///system), not ${this.o.uri}`, false);
+    this.agentRpc ??= new LibvirtRpc(socket);
+    const rpc = this.agentRpc;
+    const env = JSON.parse(await readFile(join(this.dir(id), ENV_FILE), "utf8").catch(() => "{}")) as Record<string, string>;
+    const agent = async (command: object) => {
+      const reply = JSON.parse(await rpc.agentCommand(id, JSON.stringify(command), 10)) as { return?: unknown; error?: { desc?: string } };
+      if (reply.error) throw new RuntimeError(`guest agent: ${reply.error.desc ?? JSON.stringify(reply.error)}`, false);
+      return reply.return;
+    };
+    try {
+      return await guestExec(id, agent, req, { env, agentWaitMs: this.o.agentWaitMs ?? 15_000 }, onOutput);
+    } catch (e) {
+      throw asRuntimeError(e);
+    }
+  }
+
+  /** Written when it differs, so that a converger calling create on every pass costs no write. */
+  private async keepEnv(spec: InstanceSpec): Promise<void> {
+    const file = join(this.dir(spec.id), ENV_FILE);
+    const text = JSON.stringify(spec.env ?? {});
+    if (existsSync(file) && (await readFile(file, "utf8")) === text) return;
+    await mkdir(dirname(file), { recursive: true });
+    await writeFile(`${file}.tmp`, text, { mode: PRIVATE_FILE });
+    await rename(`${file}.tmp`, file);
+  }
+
   async close(): Promise<void> {
+    this.agentRpc?.close();
     await this.hv.connectClose().catch(() => {});
   }
 

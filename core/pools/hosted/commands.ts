@@ -77,6 +77,8 @@ export async function recordCommandReport(w: Write, nodeId: string, report: Comm
         [cmd.id, report.state, report.result === null ? null : JSON.stringify(report.result), report.error, w.now],
       );
   if (finished && cmd.instanceId) w.wake(cmd.instanceId);
+  // An exec's watchers read its end from this row.
+  if (finished && cmd.kind === "instance.exec") w.execOutput(cmd.id);
   w.audit({ targetId: cmd.id, details: { kind: cmd.kind, instanceId: cmd.instanceId, state: report.state, error: report.error } });
   return row as HostCommandRow;
 }

@@ -1,0 +1,221 @@
+import { createHash, randomUUID } from "node:crypto";
+import { z } from "zod";
+import { AppError, invalid, notFound } from "../../contracts/errors.ts";
+import type { Principal } from "../auth/principal.ts";
+import { visibleTo } from "../auth/principal.ts";
+import { chargeOf } from "../catalog/shapes.ts";
+import { type AdmissionDeps, admitInstance } from "../instances/admission.ts";
+import { lockInstance, writeChange } from "../instances/changes.ts";
+import { INSTANCE_COLUMNS, type Instance } from "../instances/model.ts";
+import { one, type Sql } from "../kernel/db.ts";
+import { base32 } from "../kernel/ids.ts";
+import { parseInput } from "../kernel/validation.ts";
+import type { Write } from "../kernel/write.ts";
+import { chargeQuota } from "../tenancy/quota.ts";
+import { type SandboxTemplate, TEMPLATE_COLUMNS } from "./templates.ts";
+
+/**
+ * Sandboxes: one instance each, with a deadline. A create claims a warm instance of the template's current
+ * version when one is paused and ready — under FOR UPDATE SKIP LOCKED, so concurrent creates never share one —
+ * charges the tenant's quota for it then, and asks it to run (its host hears at once, through its spec); with
+ * none ready it boots one cold. The sandbox's state is its instance's.
+ */
+export interface Sandbox {
+  id: string;
+  tenantId: string;
+  ownerIdentityId: string;
+  templateId: string | null;
+  templateVersion: number | null;
+  fromSnapshotId: string | null;
+  instanceId: string;
+  idempotencyKey: string;
+  requestHash: string;
+  ttlSeconds: number;
+  maxTtlSeconds: number;
+  expiresAt: Date;
+  warm: boolean;
+  createdAt: Date;
+}
+
+export const SANDBOX_COLUMNS = `s.id, s.tenant_id AS "tenantId", s.owner_identity_id AS "ownerIdentityId", s.template_id AS "templateId",
+  s.template_version AS "templateVersion", s.from_snapshot_id AS "fromSnapshotId", s.instance_id AS "instanceId",
+  s.idempotency_key AS "idempotencyKey", s.request_hash AS "requestHash", s.ttl_seconds AS "ttlSeconds",
+  s.max_ttl_seconds AS "maxTtlSeconds", s.expires_at AS "expiresAt", s.warm, s.created_at AS "createdAt"`;
+
+const createInput = z.object({
+  templateId: z.string().min(1).nullish(),
+  snapshotId: z.string().min(1).nullish(),
+  ttlSeconds: z.number().int().min(1).nullish(),
+  idempotencyKey: z
+    .string()
+    .regex(/^[\x21-\x7e]{1,128}$/, "1 to 128 printable ASCII characters")
+    .nullish(),
+});
+export type CreateSandboxInput = z.input<typeof createInput>;
+
+/** Like instance ids: who asked and their key decide the id, so a replayed create lands on the same row. */
+function sandboxId(tenantId: string, callerId: string, key: string): string {
+  return `sbx_${base32(
+    createHash("sha256")
+      .update(JSON.stringify(["sandbox", tenantId, callerId, key]))
+      .digest(),
+  ).slice(0, 32)}`;
+}
+
+/** Environment as the host spec carries it. */
+export const envOf = (t: Pick<SandboxTemplate, "env">) => Object.fromEntries(t.env.map((e) => [e.name, e.value]));
+
+export async function createSandbox(w: Write, deps: AdmissionDeps, who: Principal & { tenantId: string }, raw: CreateSandboxInput): Promise<Sandbox> {
+  const input = parseInput(createInput, raw);
+  if (!input.templateId === !input.snapshotId) throw invalid("input: name a templateId or a snapshotId", { path: "input.templateId" });
+  if (input.snapshotId) throw new AppError("UNSUPPORTED", "restoring a sandbox from a snapshot is not available yet");
+  const key = input.idempotencyKey ?? randomUUID();
+  const id = sandboxId(who.tenantId, who.identityId, key);
+  const requestHash = createHash("sha256")
+    .update(JSON.stringify([input.templateId ?? null, input.snapshotId ?? null, input.ttlSeconds ?? null]))
+    .digest("hex");
+  await w.sql.query(`SELECT pg_advisory_xact_lock(hashtextextended($1, 0))`, [id]);
+  const existing = await one<Sandbox>(w.sql, `SELECT ${SANDBOX_COLUMNS} FROM sandboxes s WHERE s.id = $1`, [id]);
+  if (existing) {
+    if (existing.requestHash !== requestHash) throw new AppError("CONFLICT", `idempotency key ${key} was used for a different sandbox`, { sandboxId: id });
+    w.unchanged();
+    return existing;
+  }
+  const t = await one<SandboxTemplate>(w.sql, `SELECT ${TEMPLATE_COLUMNS} FROM sandbox_templates WHERE id = $1`, [input.templateId]);
+  if (!t || t.tenantId !== who.tenantId) throw notFound("sandbox template", input.templateId as string);
+  const ttl = input.ttlSeconds ?? t.ttlSeconds;
+  if (ttl > t.maxTtlSeconds) throw invalid(`input.ttlSeconds: at most the template's maxTtlSeconds (${t.maxTtlSeconds})`, { path: "input.ttlSeconds" });
+
+  const inst = (await claimWarm(w, t, who, id)) ?? (await bootCold(w, deps, t, who, id, key));
+  const warm = inst.claimedAt !== null;
+  const expiresAt = new Date(w.now.getTime() + ttl * 1000);
+  const [row] = await w.sql.query<Sandbox>(
+    `INSERT INTO sandboxes AS s (id, tenant_id, owner_identity_id, template_id, template_version, instance_id, idempotency_key, request_hash,
+       ttl_seconds, max_ttl_seconds, expires_at, warm, created_at)
+     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13) RETURNING ${SANDBOX_COLUMNS}`,
+    [id, who.tenantId, who.identityId, t.id, t.version, inst.id, key, requestHash, ttl, t.maxTtlSeconds, expiresAt, warm, w.now],
+  );
+  const sandbox = row as Sandbox;
+  w.audit({ targetId: id, tenantId: who.tenantId, details: { templateId: t.id, version: t.version, instanceId: inst.id, warm } });
+  w.deadline(id, expiresAt);
+  // A claim leaves the pool one short: the reconciler boots its replacement.
+  if (warm) w.wakeSandboxes();
+  return sandbox;
+}
+
+/**
+ * Take a paused, ready warm instance of the template's current version, if any: it becomes the sandbox's, the
+ * tenant's quota is charged for it now, and it is asked to run — a change of its spec, which its host hears on
+ * its open stream without waiting for a reconciler.
+ */
+async function claimWarm(w: Write, t: SandboxTemplate, who: Principal & { tenantId: string }, sbx: string): Promise<Instance | null> {
+  const ready = `SELECT ${INSTANCE_COLUMNS} FROM instances
+      WHERE warm_template_id = $1 AND warm_template_version = $2 AND claimed_at IS NULL AND state = 'paused' AND desired_state = 'paused'
+      ORDER BY created_at LIMIT 1`;
+  // Skip what others hold, so concurrent claims spread over the pool; if all that is left is held (by another
+  // claim, or a host report being applied), wait for one: after that claim commits the row no longer qualifies
+  // (PostgreSQL re-checks it) and this create boots cold — a shared instance is impossible either way.
+  const inst =
+    (await one<Instance>(w.sql, `${ready} FOR UPDATE SKIP LOCKED`, [t.id, t.version])) ??
+    (await one<Instance>(w.sql, `${ready} FOR UPDATE`, [t.id, t.version]));
+  if (!inst) return null;
+  const charge = chargeOf(inst);
+  await chargeQuota(w.sql, who.tenantId, charge);
+  return writeChange(
+    w,
+    inst,
+    { desired_state: "running", sandbox_id: sbx, claimed_at: w.now, owner_identity_id: who.identityId, charge, charge_released: false },
+    "sandbox:claimed",
+  );
+}
+
+async function bootCold(w: Write, deps: AdmissionDeps, t: SandboxTemplate, who: Principal & { tenantId: string }, sbx: string, key: string) {
+  const inst = await admitInstance(
+    w,
+    deps,
+    { identityId: who.identityId, tenantId: who.tenantId },
+    { poolId: t.poolId, flavor: t.flavor, imageId: t.imageId, idempotencyKey: `sandbox:${key}` },
+    { audit: false },
+  );
+  const [row] = await w.sql.query<Instance>(
+    `UPDATE instances SET sandbox_id = $2, env = $3::jsonb, network_policy = $4::jsonb WHERE id = $1 RETURNING ${INSTANCE_COLUMNS}`,
+    [inst.id, sbx, JSON.stringify(envOf(t)), JSON.stringify(t.network)],
+  );
+  return row as Instance;
+}
+
+export async function lockSandbox(w: Write, who: Principal, id: string): Promise<Sandbox> {
+  const s = await one<Sandbox>(w.sql, `SELECT ${SANDBOX_COLUMNS} FROM sandboxes s WHERE s.id = $1 FOR UPDATE`, [id]);
+  if (!s || !visibleTo(who, s.tenantId)) throw notFound("sandbox", id);
+  return s;
+}
+
+/** Delete: its instance goes (the event's reason says why: `sandbox:deleted`, `sandbox:ttl`). Again: nothing. */
+export async function deleteSandbox(w: Write, who: Principal, id: string, reason = "deleted"): Promise<Sandbox> {
+  const s = await lockSandbox(w, who, id);
+  const inst = await lockInstance(w, null, s.instanceId);
+  if (inst.desiredState === "deleted") {
+    w.unchanged();
+    return s;
+  }
+  await writeChange(w, inst, { desired_state: "deleted" }, `sandbox:${reason}`);
+  w.audit({ targetId: id, tenantId: s.tenantId, details: { reason } });
+  return s;
+}
+
+/** A new deadline `ttlSeconds` from now, within the template's maximum lifetime counted from creation. */
+export async function extendSandbox(w: Write, who: Principal, id: string, ttlSeconds: number): Promise<Sandbox> {
+  const ttl = parseInput(z.number().int().min(1), ttlSeconds, "ttlSeconds");
+  const s = await lockSandbox(w, who, id);
+  const inst = await lockInstance(w, null, s.instanceId);
+  if (inst.desiredState === "deleted") throw new AppError("PRECONDITION_FAILED", `sandbox ${id} is being deleted`);
+  const expiresAt = new Date(w.now.getTime() + ttl * 1000);
+  const latest = new Date(s.createdAt.getTime() + s.maxTtlSeconds * 1000);
+  if (expiresAt > latest)
+    throw new AppError("PRECONDITION_FAILED", `sandbox ${id} may live until ${latest.toISOString()} (maxTtlSeconds ${s.maxTtlSeconds})`, {
+      latest: latest.toISOString(),
+    });
+  const [row] = await w.sql.query<Sandbox>(`UPDATE sandboxes s SET expires_at = $2 WHERE id = $1 RETURNING ${SANDBOX_COLUMNS}`, [id, expiresAt]);
+  w.audit({ targetId: id, tenantId: s.tenantId, details: { expiresAt: expiresAt.toISOString() } });
+  w.deadline(id, expiresAt);
+  return row as Sandbox;
+}
+
+/** The sandbox's instance (visible to whoever may see the sandbox). */
+export async function sandboxInstance(sql: Sql, s: Pick<Sandbox, "instanceId">): Promise<Instance> {
+  return (await one<Instance>(sql, `SELECT ${INSTANCE_COLUMNS} FROM instances WHERE id = $1`, [s.instanceId])) as Instance;
+}
+
+export async function getSandbox(sql: Sql, who: Principal, id: string): Promise<Sandbox | null> {
+  const s = await one<Sandbox>(sql, `SELECT ${SANDBOX_COLUMNS} FROM sandboxes s WHERE s.id = $1`, [id]);
+  return s && visibleTo(who, s.tenantId) ? s : null;
+}
+
+/** Newest first, after `after` (a sandbox id) when given; the caller's tenant's, or all for operators. */
+export async function listSandboxes(sql: Sql, who: Principal, opts: { templateId?: string | null; first: number; after?: string | null }): Promise<Sandbox[]> {
+  return sql.query<Sandbox>(
+    `SELECT ${SANDBOX_COLUMNS} FROM sandboxes s
+      WHERE ($1::text IS NULL OR s.tenant_id = $1) AND ($2::text IS NULL OR s.template_id = $2)
+        AND ($3::text IS NULL OR (s.created_at, s.id) < (SELECT created_at, id FROM sandboxes WHERE id = $3))
+      ORDER BY s.created_at DESC, s.id DESC LIMIT $4`,
+    [who.operator ? null : who.tenantId, opts.templateId ?? null, opts.after ?? null, opts.first],
+  );
+}
+
+/** CREATING until its instance first runs, then its instance's state in sandbox words. */
+export function sandboxState(instanceState: string): "CREATING" | "RUNNING" | "DELETING" | "DELETED" | "ERROR" {
+  switch (instanceState) {
+    case "running":
+      return "RUNNING";
+    case "deleting":
+      return "DELETING";
+    case "deleted":
+      return "DELETED";
+    case "error":
+    case "lost":
+    case "stopped":
+      return "ERROR";
+    default:
+      return "CREATING";
+  }
+}

@@ -1,0 +1,89 @@
+import { randomUUID } from "node:crypto";
+import { isAppError } from "../../contracts/errors.ts";
+import { type AdmissionDeps, admitInstance } from "../instances/admission.ts";
+import { lockInstance, writeChange } from "../instances/changes.ts";
+import type { Write } from "../kernel/write.ts";
+import { envOf } from "./sandboxes.ts";
+import { type SandboxTemplate, TEMPLATE_COLUMNS } from "./templates.ts";
+
+/**
+ * The sandboxes reconciler's two duties (the `vps.sandboxes` job): deadlines and warm pools.
+ *
+ * A warm instance is made for a template version: admitted like any instance (placed, an address leased) but
+ * charged to no tenant — it is operator capacity until claimed — and asked to wait paused. Instances of an
+ * older version or of a deleted template are drained (deleted); a pool above its target gives back its newest.
+ */
+
+/**
+ * Delete every sandbox past its deadline at `now` (the write's time unless a test injects one): its instance's
+ * event says `sandbox:ttl`. Returns how many.
+ */
+export async function expireSandboxes(w: Write, sandboxId?: string, now: Date = w.now): Promise<number> {
+  const due = await w.sql.query<{ instanceId: string }>(
+    `SELECT s.instance_id AS "instanceId" FROM sandboxes s JOIN instances i ON i.id = s.instance_id
+      WHERE s.expires_at <= $1 AND i.desired_state <> 'deleted' AND ($2::text IS NULL OR s.id = $2)
+      ORDER BY s.expires_at LIMIT 500 FOR UPDATE OF i SKIP LOCKED`,
+    [now, sandboxId ?? null],
+  );
+  for (const d of due) await writeChange(w, await lockInstance(w, null, d.instanceId), { desired_state: "deleted" }, "sandbox:ttl");
+  return due.length;
+}
+
+/** Bring one template's warm pool to its target. Returns what it did, for logs and tests. */
+export async function tendPool(w: Write, deps: AdmissionDeps, t: SandboxTemplate): Promise<{ booted: number; drained: number; error?: string }> {
+  const live = await w.sql.query<{ id: string; version: number; state: string }>(
+    `SELECT id, warm_template_version AS version, state FROM instances
+      WHERE warm_template_id = $1 AND claimed_at IS NULL AND desired_state <> 'deleted' ORDER BY created_at DESC`,
+    [t.id],
+  );
+  const current = live.filter((i) => i.version === t.version);
+  const drain = [...live.filter((i) => i.version !== t.version), ...current.slice(0, Math.max(0, current.length - t.warmTarget))];
+  // Locked one by one, only those drained: a claim must not find the whole pool locked by its keeper. One
+  // claimed meanwhile is left to its sandbox.
+  for (const d of drain) {
+    const inst = await lockInstance(w, null, d.id);
+    if (inst.claimedAt === null && inst.desiredState !== "deleted") await writeChange(w, inst, { desired_state: "deleted" }, "warm:drain");
+  }
+  let booted = 0;
+  try {
+    for (let n = current.length; n < t.warmTarget; n++) {
+      const inst = await admitInstance(
+        w,
+        deps,
+        { identityId: t.createdBy, tenantId: t.tenantId },
+        { poolId: t.poolId, flavor: t.flavor, imageId: t.imageId, idempotencyKey: `warm:${t.id}:${randomUUID()}` },
+        { charge: false, audit: false, desiredState: "paused" },
+      );
+      await w.sql.query(`UPDATE instances SET warm_template_id = $2, warm_template_version = $3, env = $4::jsonb, network_policy = $5::jsonb WHERE id = $1`, [
+        inst.id,
+        t.id,
+        t.version,
+        JSON.stringify(envOf(t)),
+        JSON.stringify(t.network),
+      ]);
+      booted++;
+    }
+  } catch (e) {
+    // No room (or the image went away): keep what was booted, try again next round.
+    if (!isAppError(e)) throw e;
+    return { booted, drained: drain.length, error: `${e.code}: ${e.message}` };
+  }
+  return { booted, drained: drain.length };
+}
+
+/** Warm instances whose template is gone are drained. */
+export async function drainOrphanedWarm(w: Write): Promise<number> {
+  const rows = await w.sql.query<{ id: string }>(
+    `SELECT i.id FROM instances i WHERE i.warm_template_id IS NOT NULL AND i.claimed_at IS NULL AND i.desired_state <> 'deleted'
+        AND NOT EXISTS (SELECT 1 FROM sandbox_templates t WHERE t.id = i.warm_template_id)`,
+  );
+  for (const r of rows) {
+    const inst = await lockInstance(w, null, r.id);
+    if (inst.claimedAt === null && inst.desiredState !== "deleted") await writeChange(w, inst, { desired_state: "deleted" }, "warm:drain");
+  }
+  return rows.length;
+}
+
+export async function templatesToTend(w: Write): Promise<SandboxTemplate[]> {
+  return w.sql.query<SandboxTemplate>(`SELECT ${TEMPLATE_COLUMNS} FROM sandbox_templates ORDER BY id`);
+}

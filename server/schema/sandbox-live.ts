@@ -1,0 +1,139 @@
+import { setTimeout as sleep } from "node:timers/promises";
+import { AppError } from "../../contracts/errors.ts";
+import { requireAuth, requireTenantScope } from "../../core/auth/principal.ts";
+import type { WatchedEvent } from "../../core/instances/events.ts";
+import { cursorOf, parseCursor } from "../../core/instances/events.ts";
+import { readExec, requestExec } from "../../core/sandboxes/exec.ts";
+import { getSandbox, sandboxState } from "../../core/sandboxes/sandboxes.ts";
+import type { Context } from "../context.ts";
+import { builder } from "./builder.ts";
+import { Sandbox, SandboxState } from "./sandboxes.ts";
+
+/** Sandboxes live: exec output as it comes, and sandbox events resumable by cursor (like instanceEvents). */
+
+const ExecStream = builder.enumType("ExecStream", { values: { STDOUT: {}, STDERR: {}, EXIT: { description: "The last message: the exit code." } } as const });
+
+interface ExecOut {
+  stream: "STDOUT" | "STDERR" | "EXIT";
+  data: string | null;
+  exitCode: number | null;
+  signal: string | null;
+  timedOut: boolean | null;
+}
+const ExecOutput = builder.objectRef<ExecOut>("ExecOutput").implement({
+  fields: (t) => ({
+    stream: t.field({ type: ExecStream, resolve: (o) => o.stream }),
+    data: t.exposeString("data", { nullable: true }),
+    exitCode: t.exposeInt("exitCode", { nullable: true, description: "EXIT: the command's exit code; null when a signal ended it." }),
+    signal: t.exposeString("signal", { nullable: true }),
+    timedOut: t.exposeBoolean("timedOut", { nullable: true, description: "EXIT: killed at its timeout." }),
+  }),
+});
+
+const EnvPair = builder.inputType("ExecEnvInput", { fields: (t) => ({ name: t.string({ required: true }), value: t.string({ required: true }) }) });
+
+/** Operators, or a tenant's credential with the exec scope. */
+const execCaller = (ctx: Context) =>
+  requireAuth(ctx.principal).operator ? requireAuth(ctx.principal) : requireTenantScope(ctx.principal, "compute:sandboxes:exec");
+
+async function* execStream(ctx: Context, commandId: string): AsyncGenerator<ExecOut> {
+  const wake = ctx.platform.bus.subscribe("execOutput", commandId);
+  const signal = ctx.live?.conn.signal;
+  let seq = -1;
+  try {
+    for (;;) {
+      const p = await ctx.platform.read((sql) => readExec(sql, commandId, seq, ctx.platform.now()));
+      for (const c of p.chunks) {
+        seq = c.seq;
+        yield { stream: c.stream === "stdout" ? "STDOUT" : "STDERR", data: c.data, exitCode: null, signal: null, timedOut: null };
+      }
+      if (p.end) {
+        if (p.end.error && /guest agent/i.test(p.end.error)) throw new AppError("UNSUPPORTED", p.end.error);
+        const r = p.end.result;
+        yield { stream: "EXIT", data: p.end.error, exitCode: r?.exitCode ?? null, signal: r?.signal ?? null, timedOut: r?.timedOut ?? null };
+        return;
+      }
+      if (p.chunks.length) continue;
+      if (signal?.aborted) return;
+      // The bus says "look"; the timer covers a lost message.
+      await Promise.race([wake.next(), sleep(500, undefined, signal ? { signal } : {}).catch(() => {})]);
+    }
+  } finally {
+    await wake.return?.();
+  }
+}
+
+interface SandboxEventRow {
+  event: WatchedEvent;
+}
+const SandboxEvent = builder.objectRef<SandboxEventRow>("SandboxEvent").implement({
+  description: "A change of a sandbox, from its instance's events.",
+  fields: (t) => ({
+    cursor: t.string({ description: "Pass as `after` to resume right after this event.", resolve: (e) => cursorOf(e.event.position) }),
+    sandboxId: t.id({ resolve: (e) => e.event.instance.sandboxId as string }),
+    sandbox: t.field({
+      type: Sandbox,
+      nullable: true,
+      resolve: (e, _a, ctx) => ctx.platform.read((sql) => getSandbox(sql, requireAuth(ctx.principal), e.event.instance.sandboxId as string)),
+    }),
+    state: t.field({ type: SandboxState, resolve: (e) => sandboxState(e.event.toState) }),
+    instanceState: t.string({ description: "The instance state it moved to.", resolve: (e) => e.event.toState }),
+    reason: t.string({ description: "Why: `sandbox:claimed`, `sandbox:ttl`, `sandbox:deleted`, or the instance's reason.", resolve: (e) => e.event.reason }),
+    at: t.field({ type: "DateTime", resolve: (e) => e.event.at }),
+  }),
+});
+
+/** Checks first (so a refusal is the subscription's error, not its stream's), then the stream. */
+async function sandboxEvents(ctx: Context, sandboxId: string | null, after: string | null | undefined): Promise<AsyncGenerator<SandboxEventRow>> {
+  if (!ctx.live) throw new AppError("UNSUPPORTED", "subscriptions run over the websocket (graphql-ws) on the same URL");
+  const who = requireAuth(ctx.principal);
+  if (!who.operator) requireTenantScope(who, "compute:sandboxes:read");
+  let filter: { instanceId: string } | { tenantId: string } | Record<string, never>;
+  if (sandboxId) {
+    const s = await ctx.platform.read((sql) => getSandbox(sql, who, sandboxId));
+    if (!s) throw new AppError("NOT_FOUND", `sandbox ${sandboxId} not found`);
+    filter = { instanceId: s.instanceId };
+  } else filter = who.operator ? {} : { tenantId: who.tenantId as string };
+  const from = after ? parseCursor(after) : null;
+  if (from !== null && (await ctx.live.hub.isAhead(from)))
+    throw new AppError("PRECONDITION_FAILED", `cursor ${after} is ahead of the newest event`, { cursor: "ahead" });
+  const events = ctx.live.hub.watch(ctx.live.conn, filter, from);
+  // Instance events of sandboxes only: a warm instance's life before its claim is the operator's, not a sandbox's.
+  return (async function* () {
+    for await (const event of events) if (event.instance.sandboxId) yield { event };
+  })();
+}
+
+builder.subscriptionFields((t) => ({
+  sandboxExec: t.field({
+    type: ExecOutput,
+    description: "Run a command in a running sandbox: STDOUT and STDERR pieces in order as they come, then one EXIT with its exit code.",
+    args: {
+      sandboxId: t.arg.id({ required: true }),
+      command: t.arg.stringList({ required: true, description: "argv: the program (looked up in PATH without a slash) and its arguments." }),
+      env: t.arg({ type: [EnvPair], description: "Added to the template's env." }),
+      stdin: t.arg.string(),
+      timeoutSeconds: t.arg.int({ description: "Killed past this (default 60, at most 3600)." }),
+    },
+    subscribe: async (_r, a, ctx) => {
+      const who = execCaller(ctx);
+      const { commandId } = await ctx.platform.write({ actor: who.identityId, requestId: ctx.requestId, action: "sandboxExec" }, (w) =>
+        requestExec(w, who, String(a.sandboxId), {
+          command: a.command,
+          env: Object.fromEntries((a.env ?? []).map((e) => [e.name, e.value])),
+          stdin: a.stdin ?? null,
+          timeoutSeconds: a.timeoutSeconds ?? null,
+        }),
+      );
+      return execStream(ctx, commandId);
+    },
+    resolve: (o) => o,
+  }),
+  sandboxEvents: t.field({
+    type: SandboxEvent,
+    description: "Changes of one sandbox, or of every sandbox the caller can see; `after` resumes from a cursor with no gap.",
+    args: { sandboxId: t.arg.id(), after: t.arg.string() },
+    subscribe: (_r, a, ctx) => sandboxEvents(ctx, a.sandboxId ? String(a.sandboxId) : null, a.after),
+    resolve: (e) => e,
+  }),
+}));

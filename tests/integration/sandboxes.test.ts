@@ -1,0 +1,266 @@
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { expireSandboxes } from "../../core/sandboxes/warm.ts";
+import {
+  CreatePoolDocument,
+  CreateProviderAccountDocument,
+  CreateSandboxDocument,
+  CreateSandboxTemplateDocument,
+  createWsClient,
+  DeleteInstanceDocument,
+  DeleteSandboxDocument,
+  DeleteSandboxTemplateDocument,
+  ExtendSandboxDocument,
+  InstanceDocument,
+  InstancesDocument,
+  ResizeInstanceDocument,
+  SandboxDocument,
+  SandboxExecDocument,
+  type SandboxExecSubscription,
+  type SandboxExecSubscriptionVariables,
+  SandboxesDocument,
+  SandboxTemplateDocument,
+  SetTenantQuotaDocument,
+  StartInstanceDocument,
+  StopInstanceDocument,
+  UpdateSandboxTemplateDocument,
+} from "../../sdk/client.ts";
+import { until } from "../support/fixtures.ts";
+import { expectCode } from "../support/harness.ts";
+import { type Hosts, startHosts } from "../support/hosts.ts";
+import { invariantViolations } from "../support/ledger.ts";
+
+/**
+ * Sandboxes on simulated hosts (the fake runtime) through the real API, worker and host protocol: templates and
+ * their refusals, cold starts, the instance guard, deadlines on an injected clock, warm pools (claims that never
+ * share an instance, drains on a template update), and the books balancing after it all.
+ */
+let hosts: Hosts;
+type Tenant = Awaited<ReturnType<Hosts["h"]["tenant"]>>;
+let t: Tenant;
+
+beforeAll(async () => {
+  hosts = await startHosts(3, { SANDBOX_SWEEP_MS: "200", PROVIDERS: "hetzner-cloud" });
+  t = await hosts.h.tenant();
+});
+afterAll(() => hosts?.close());
+
+let n = 0;
+const template = async (extra: Record<string, unknown> = {}, who: Tenant = t) =>
+  (
+    await who.client.request(CreateSandboxTemplateDocument, {
+      input: { name: `tpl-${++n}`, poolId: hosts.poolId, flavor: "small", imageId: hosts.imageId, ttlSeconds: 300, ...extra },
+    })
+  ).createSandboxTemplate;
+const sandboxState = async (id: string) => (await t.client.request(SandboxDocument, { id })).sandbox?.state;
+const waitSandbox = (id: string, state: string) => expect.poll(() => sandboxState(id), { timeout: 20_000, interval: 25 }).toBe(state);
+const warmOf = async (id: string) => (await t.client.request(SandboxTemplateDocument, { id })).sandboxTemplate?.warm;
+
+describe("sandbox templates", () => {
+  it("are checked, versioned, and another tenant's are not found", async () => {
+    const tpl = await template({ env: [{ name: "MODE", value: "ci" }], network: { egress: "ALLOWLIST", allow: ["10.0.0.0/8:443/tcp", "1.1.1.1/32:*/udp"] } });
+    expect(tpl).toMatchObject({
+      version: 1,
+      network: { egress: "ALLOWLIST", allow: ["10.0.0.0/8:443/tcp", "1.1.1.1/32:*/udp"] },
+      env: [{ name: "MODE", value: "ci" }],
+    });
+    const updated = (await t.client.request(UpdateSandboxTemplateDocument, { id: tpl.id, input: { ttlSeconds: 600 } })).updateSandboxTemplate;
+    expect(updated).toMatchObject({ version: 2, ttlSeconds: 600 });
+
+    await expectCode(template({ name: tpl.name }), "CONFLICT");
+    await expectCode(template({ flavor: "nope" }), "NOT_FOUND");
+    await expectCode(template({ imageId: "img_nope" }), "NOT_FOUND");
+    await expectCode(template({ network: { egress: "ALLOWLIST", allow: ["10.0.0.0/33:80/tcp"] } }), "INVALID_INPUT");
+    await expectCode(template({ env: [{ name: "1BAD", value: "x" }] }), "INVALID_INPUT");
+    await expectCode(template({ ttlSeconds: 600, maxTtlSeconds: 60 }), "INVALID_INPUT");
+    const { createProviderAccount } = await hosts.h.operator.request(CreateProviderAccountDocument, {
+      input: { name: "hz", provider: "hetzner-cloud", config: {}, credentials: { token: "env:HCLOUD_TOKEN" } },
+    });
+    const { createPool } = await hosts.h.operator.request(CreatePoolDocument, {
+      input: { name: "hz", class: "PROVIDER", providerAccountId: createProviderAccount.id },
+    });
+    await expectCode(template({ poolId: createPool.id }), "UNSUPPORTED");
+
+    const other = await hosts.h.tenant();
+    expect((await other.client.request(SandboxTemplateDocument, { id: tpl.id })).sandboxTemplate).toBeNull();
+    await expectCode(other.client.request(UpdateSandboxTemplateDocument, { id: tpl.id, input: { warm: 1 } }), "NOT_FOUND");
+    await expectCode(other.client.request(CreateSandboxDocument, { input: { templateId: tpl.id } }), "NOT_FOUND");
+    await t.client.request(DeleteSandboxTemplateDocument, { id: tpl.id });
+  });
+
+  it("bound a tenant's warm targets by its sandbox_warm quota (the deployment's default until the operator sets one)", async () => {
+    const other = await hosts.h.tenant();
+    const a = await template({ warm: 3 }, other);
+    await expectCode(template({ warm: 2 }, other), "QUOTA_EXCEEDED");
+    await hosts.h.operator.request(SetTenantQuotaDocument, { tenantId: other.id, quota: { sandboxWarm: 5 } });
+    const b = await template({ warm: 2 }, other);
+    await expectCode(other.client.request(UpdateSandboxTemplateDocument, { id: b.id, input: { warm: 3 } }), "QUOTA_EXCEEDED");
+    for (const x of [a, b]) await other.client.request(DeleteSandboxTemplateDocument, { id: x.id });
+  });
+});
+
+describe("sandboxes", () => {
+  it("boot cold without a warm pool, own their instance, and go on delete", async () => {
+    const tpl = await template({ env: [{ name: "GREETING", value: "hi" }] });
+    const { createSandbox: s } = await t.client.request(CreateSandboxDocument, { input: { templateId: tpl.id, idempotencyKey: "cold-1" } });
+    expect(s).toMatchObject({ state: "CREATING", warm: false, templateVersion: 1 });
+    const again = (await t.client.request(CreateSandboxDocument, { input: { templateId: tpl.id, idempotencyKey: "cold-1" } })).createSandbox;
+    expect(again.id).toBe(s.id);
+    await expectCode(t.client.request(CreateSandboxDocument, { input: { templateId: tpl.id, idempotencyKey: "cold-1", ttlSeconds: 5 } }), "CONFLICT");
+    await waitSandbox(s.id, "RUNNING");
+    const inst = (await t.client.request(InstanceDocument, { id: s.instance.id })).instance;
+    expect(inst?.sandboxId).toBe(s.id);
+
+    const id = inst?.id as string;
+    for (const refused of [
+      () => t.client.request(StopInstanceDocument, { id }),
+      () => t.client.request(StartInstanceDocument, { id }),
+      () => t.client.request(DeleteInstanceDocument, { id }),
+      () => t.client.request(ResizeInstanceDocument, { id, flavor: "medium" }),
+    ])
+      await expectCode(refused(), "PRECONDITION_FAILED");
+
+    await t.client.request(DeleteSandboxDocument, { id: s.id });
+    await waitSandbox(s.id, "DELETED");
+    const listed = (await t.client.request(SandboxesDocument, { templateId: tpl.id })).sandboxes;
+    expect(listed.map((x) => x.id)).toEqual([s.id]);
+  });
+
+  it("expire at their deadline on the sandboxes reconciler's clock, and extend only within the template's maximum", async () => {
+    const tpl = await template({ ttlSeconds: 60, maxTtlSeconds: 120 });
+    const { createSandbox: s } = await t.client.request(CreateSandboxDocument, { input: { templateId: tpl.id } });
+    await expectCode(t.client.request(CreateSandboxDocument, { input: { templateId: tpl.id, ttlSeconds: 121 } }), "INVALID_INPUT");
+    await expectCode(t.client.request(ExtendSandboxDocument, { id: s.id, ttlSeconds: 500 }), "PRECONDITION_FAILED");
+    const extended = (await t.client.request(ExtendSandboxDocument, { id: s.id, ttlSeconds: 90 })).extendSandbox;
+    expect(new Date(extended.expiresAt).getTime()).toBeGreaterThan(new Date(s.expiresAt).getTime());
+
+    const expire = (at: Date) => hosts.h.platform.write({ actor: "sandboxes" }, (w) => expireSandboxes(w, s.id, at));
+    expect(await expire(new Date(new Date(extended.expiresAt).getTime() - 1000))).toBe(0);
+    expect(await sandboxState(s.id)).not.toMatch(/DELET/);
+    // The reconciler skips an instance another transaction holds (a report being applied): it is caught next round.
+    await until("the sandbox expired", async () => (await expire(new Date(new Date(extended.expiresAt).getTime() + 1))) === 1);
+    await waitSandbox(s.id, "DELETED");
+    const reasons = await hosts.h.platform.read((sql) =>
+      sql.query<{ reason: string }>(`SELECT reason FROM instance_events WHERE instance_id = $1`, [s.instance.id]),
+    );
+    expect(reasons.map((r) => r.reason)).toContain("sandbox:ttl");
+  });
+});
+
+describe("exec", () => {
+  it("streams a command's output in order and then its exit code; the command sees the template's env", async () => {
+    const tpl = await template({ env: [{ name: "GREETING", value: "hello from the template" }] });
+    const { createSandbox: s } = await t.client.request(CreateSandboxDocument, { input: { templateId: tpl.id } });
+    await waitSandbox(s.id, "RUNNING");
+    const ws = await createWsClient({ url: hosts.h.url, token: t.token, retryAttempts: 0 });
+    try {
+      const run = async (vars: Parameters<typeof ws.subscribe<SandboxExecSubscription, SandboxExecSubscriptionVariables>>[1]) => {
+        const out: SandboxExecSubscription["sandboxExec"][] = [];
+        for await (const m of ws.subscribe(SandboxExecDocument, vars)) out.push(m.sandboxExec);
+        return out;
+      };
+      const script = 'for i in 1 2 3 4 5; do echo "out $i"; echo "err $i" >&2; done; echo "$GREETING/$EXTRA"; read line; echo "in:$line"; exit 3';
+      const out = await run({ sandboxId: s.id, command: ["sh", "-c", script], env: [{ name: "EXTRA", value: "x" }], stdin: "typed\n" });
+      const text = (stream: string) =>
+        out
+          .filter((o) => o.stream === stream)
+          .map((o) => o.data)
+          .join("");
+      expect(text("STDOUT")).toBe("out 1\nout 2\nout 3\nout 4\nout 5\nhello from the template/x\nin:typed\n");
+      expect(text("STDERR")).toBe("err 1\nerr 2\nerr 3\nerr 4\nerr 5\n");
+      expect(out.at(-1)).toMatchObject({ stream: "EXIT", exitCode: 3, timedOut: false });
+      expect(out.filter((o) => o.stream === "EXIT")).toHaveLength(1);
+
+      const slow = await run({ sandboxId: s.id, command: ["sleep", "30"], timeoutSeconds: 1 });
+      expect(slow.at(-1)).toMatchObject({ stream: "EXIT", exitCode: null, timedOut: true });
+
+      const other = await hosts.h.tenant();
+      const ows = await createWsClient({ url: hosts.h.url, token: other.token, retryAttempts: 0 });
+      try {
+        const refused = (async () => {
+          for await (const _ of ows.subscribe(SandboxExecDocument, { sandboxId: s.id, command: ["true"] })) void _;
+        })();
+        await expect(refused).rejects.toMatchObject({ code: "NOT_FOUND" });
+      } finally {
+        await ows.dispose();
+      }
+    } finally {
+      await ws.dispose();
+    }
+    await t.client.request(DeleteSandboxDocument, { id: s.id });
+    await waitSandbox(s.id, "DELETED");
+    const stopped = (async () => {
+      const ws2 = await createWsClient({ url: hosts.h.url, token: t.token, retryAttempts: 0 });
+      try {
+        for await (const _ of ws2.subscribe(SandboxExecDocument, { sandboxId: s.id, command: ["true"] })) void _;
+      } finally {
+        await ws2.dispose();
+      }
+    })();
+    await expect(stopped).rejects.toMatchObject({ code: "PRECONDITION_FAILED" });
+    await t.client.request(DeleteSandboxTemplateDocument, { id: tpl.id });
+  });
+});
+
+describe("warm pools", () => {
+  it("serve concurrent creates, each from its own instance, charging quota only at the claim", async () => {
+    await hosts.h.operator.request(SetTenantQuotaDocument, { tenantId: t.id, quota: { sandboxWarm: 10 } });
+    const tpl = await template({ warm: 6 });
+    await until("six warm instances ready", async () => (await warmOf(tpl.id))?.ready === 6, 30_000);
+    // Warm instances are the operator's until claimed: neither the tenant's list nor its quota shows them.
+    const mine = (await t.client.request(InstancesDocument, {})).instances.edges.map((e) => e.node.id);
+    const warmIds = await hosts.h.platform.read((sql) => sql.query<{ id: string }>(`SELECT id FROM instances WHERE warm_template_id = $1`, [tpl.id]));
+    expect(mine.filter((id) => warmIds.some((w) => w.id === id))).toEqual([]);
+
+    const made = await Promise.allSettled(Array.from({ length: 15 }, () => t.client.request(CreateSandboxDocument, { input: { templateId: tpl.id } })));
+    const ok = made.flatMap((r) => (r.status === "fulfilled" ? [r.value.createSandbox] : []));
+    for (const r of made) if (r.status === "rejected") expect(["UNSCHEDULABLE", "QUOTA_EXCEEDED"]).toContain((r.reason as { code: string }).code);
+    expect(new Set(ok.map((s) => s.instance.id)).size).toBe(ok.length);
+    expect(ok.filter((s) => s.warm).length).toBeGreaterThanOrEqual(6);
+    for (const s of ok.filter((x) => x.warm)) await waitSandbox(s.id, "RUNNING");
+    const stats = await warmOf(tpl.id);
+    expect(stats?.claims).toBe(ok.length);
+    expect(stats?.hits).toBe(ok.filter((s) => s.warm).length);
+    expect(stats?.claimP50Ms).toBeGreaterThan(0);
+    for (const s of ok) await t.client.request(DeleteSandboxDocument, { id: s.id });
+    await t.client.request(DeleteSandboxTemplateDocument, { id: tpl.id });
+  });
+
+  it("drain instances of an older version when the template changes, and replace them", async () => {
+    const tpl = await template({ warm: 2 });
+    await until("two warm instances ready", async () => (await warmOf(tpl.id))?.ready === 2, 30_000);
+    const before = await hosts.h.platform.read((sql) => sql.query<{ id: string }>(`SELECT id FROM instances WHERE warm_template_id = $1`, [tpl.id]));
+    await t.client.request(UpdateSandboxTemplateDocument, { id: tpl.id, input: { env: [{ name: "V", value: "2" }] } });
+    await until("the new version's pool ready", async () => (await warmOf(tpl.id))?.ready === 2, 30_000);
+    const states = await hosts.h.platform.read((sql) =>
+      sql.query<{ id: string; desired: string; version: number }>(
+        `SELECT id, desired_state AS desired, warm_template_version AS version FROM instances WHERE warm_template_id = $1`,
+        [tpl.id],
+      ),
+    );
+    for (const b of before) expect(states.find((s) => s.id === b.id)?.desired).toBe("deleted");
+    expect(states.filter((s) => s.desired === "paused").every((s) => s.version === 2)).toBe(true);
+    const { createSandbox: s } = await t.client.request(CreateSandboxDocument, { input: { templateId: tpl.id } });
+    expect(s).toMatchObject({ warm: true, templateVersion: 2 });
+    await t.client.request(DeleteSandboxDocument, { id: s.id });
+    await t.client.request(DeleteSandboxTemplateDocument, { id: tpl.id });
+  });
+
+  it("leave nothing behind: the books balance once everything is deleted", async () => {
+    await until(
+      "every instance deleted",
+      async () => (await hosts.h.platform.read((sql) => sql.query(`SELECT 1 FROM instances WHERE state <> 'deleted'`))).length === 0,
+      30_000,
+    ).catch(async (e) => {
+      const left = await hosts.h.platform.read((sql) =>
+        sql.query(`SELECT id, state, desired_state, warm_template_id, sandbox_id, conditions FROM instances WHERE state <> 'deleted'`),
+      );
+      throw new Error(`${e.message}: ${JSON.stringify(left)}`);
+    });
+    await until(
+      "every instance deleted",
+      async () => (await hosts.h.platform.read((sql) => sql.query(`SELECT 1 FROM instances WHERE state <> 'deleted'`))).length === 0,
+      30_000,
+    );
+    expect(await invariantViolations(hosts.h.platform)).toEqual([]);
+  });
+});
