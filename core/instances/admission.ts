@@ -58,6 +58,8 @@ export interface AdmitOptions {
   audit?: boolean;
   /** Overrides the input's desired state (`paused`: a warm-pool instance). */
   desiredState?: "running" | "stopped" | "paused";
+  /** Place it on this node only (a restore from a snapshot that node holds). */
+  onlyNodeId?: string;
 }
 
 export async function admitInstance(w: Write, deps: AdmissionDeps, caller: Caller, raw: CreateInstanceInput, opts: AdmitOptions = {}): Promise<Instance> {
@@ -104,7 +106,11 @@ export async function admitInstance(w: Write, deps: AdmissionDeps, caller: Calle
   if (!found.flavor) throw notFound("flavor", `${input.flavor} in pool ${input.poolId}`);
   const shape: Shape = parseInput(shapeSchema, found.flavor, "flavor");
 
-  const placed = await driver.admit(w, { pool, tenantId: caller.tenantId, instanceId: id, imageId: input.imageId, shape }, deps);
+  const placed = await driver.admit(
+    w,
+    { pool, tenantId: caller.tenantId, instanceId: id, imageId: input.imageId, shape, ...(opts.onlyNodeId ? { onlyNodeId: opts.onlyNodeId } : {}) },
+    deps,
+  );
   const charge = opts.charge === false ? {} : chargeOf(shape);
   await chargeQuota(sql, caller.tenantId, charge);
 

@@ -69,6 +69,8 @@ export interface Instance {
   /** The guest's environment and egress policy (sandboxes), as the host spec carries them. */
   env: Record<string, string>;
   networkPolicy: NetworkPolicy | null;
+  /** Made from another instance's snapshot on the same host (a restored sandbox). */
+  restoreFrom: { instanceId: string; snapshotId: string } | null;
   version: number;
   createdAt: Date;
   updatedAt: Date;
@@ -86,5 +88,5 @@ export const INSTANCE_COLUMNS = `id, tenant_id AS "tenantId", pool_id AS "poolId
   observed_retryable AS "observedRetryable", observed_shape AS "observedShape", observed_generation AS "observedGeneration",
   observed_at AS "observedAt", attempts, COALESCE(excluded_nodes, '{}') AS "excludedNodes", retry_requested AS "retryRequested",
   sandbox_id AS "sandboxId", warm_template_id AS "warmTemplateId", warm_template_version AS "warmTemplateVersion",
-  claimed_at AS "claimedAt", env, network_policy AS "networkPolicy",
+  claimed_at AS "claimedAt", env, network_policy AS "networkPolicy", restore_from AS "restoreFrom",
   created_at AS "createdAt", updated_at AS "updatedAt"`;

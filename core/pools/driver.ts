@@ -62,6 +62,8 @@ export interface AdmitRequest {
   /** As the caller named it; hosted pools resolve it, providers take their own image names. */
   imageId: string;
   shape: Shape;
+  /** Hosted pools: only this node will do (a restore from a snapshot its host holds). */
+  onlyNodeId?: string;
 }
 
 /** Where an admitted instance runs and what it holds there. */

@@ -12,7 +12,11 @@ import { base32 } from "../kernel/ids.ts";
 import { parseInput } from "../kernel/validation.ts";
 import type { Write } from "../kernel/write.ts";
 import { chargeQuota } from "../tenancy/quota.ts";
+import { lockSandbox, SANDBOX_COLUMNS, type Sandbox } from "./model.ts";
+import { restorable } from "./snapshots.ts";
 import { type SandboxTemplate, TEMPLATE_COLUMNS } from "./templates.ts";
+
+export { lockSandbox, SANDBOX_COLUMNS, type Sandbox } from "./model.ts";
 
 /**
  * Sandboxes: one instance each, with a deadline. A create claims a warm instance of the template's current
@@ -20,28 +24,6 @@ import { type SandboxTemplate, TEMPLATE_COLUMNS } from "./templates.ts";
  * charges the tenant's quota for it then, and asks it to run (its host hears at once, through its spec); with
  * none ready it boots one cold. The sandbox's state is its instance's.
  */
-export interface Sandbox {
-  id: string;
-  tenantId: string;
-  ownerIdentityId: string;
-  templateId: string | null;
-  templateVersion: number | null;
-  fromSnapshotId: string | null;
-  instanceId: string;
-  idempotencyKey: string;
-  requestHash: string;
-  ttlSeconds: number;
-  maxTtlSeconds: number;
-  expiresAt: Date;
-  warm: boolean;
-  createdAt: Date;
-}
-
-export const SANDBOX_COLUMNS = `s.id, s.tenant_id AS "tenantId", s.owner_identity_id AS "ownerIdentityId", s.template_id AS "templateId",
-  s.template_version AS "templateVersion", s.from_snapshot_id AS "fromSnapshotId", s.instance_id AS "instanceId",
-  s.idempotency_key AS "idempotencyKey", s.request_hash AS "requestHash", s.ttl_seconds AS "ttlSeconds",
-  s.max_ttl_seconds AS "maxTtlSeconds", s.expires_at AS "expiresAt", s.warm, s.created_at AS "createdAt"`;
-
 const createInput = z.object({
   templateId: z.string().min(1).nullish(),
   snapshotId: z.string().min(1).nullish(),
@@ -68,7 +50,6 @@ export const envOf = (t: Pick<SandboxTemplate, "env">) => Object.fromEntries(t.e
 export async function createSandbox(w: Write, deps: AdmissionDeps, who: Principal & { tenantId: string }, raw: CreateSandboxInput): Promise<Sandbox> {
   const input = parseInput(createInput, raw);
   if (!input.templateId === !input.snapshotId) throw invalid("input: name a templateId or a snapshotId", { path: "input.templateId" });
-  if (input.snapshotId) throw new AppError("UNSUPPORTED", "restoring a sandbox from a snapshot is not available yet");
   const key = input.idempotencyKey ?? randomUUID();
   const id = sandboxId(who.tenantId, who.identityId, key);
   const requestHash = createHash("sha256")
@@ -81,6 +62,7 @@ export async function createSandbox(w: Write, deps: AdmissionDeps, who: Principa
     w.unchanged();
     return existing;
   }
+  if (input.snapshotId) return restoreSandbox(w, deps, who, { id, key, requestHash, snapshotId: input.snapshotId, ttlSeconds: input.ttlSeconds ?? null });
   const t = await one<SandboxTemplate>(w.sql, `SELECT ${TEMPLATE_COLUMNS} FROM sandbox_templates WHERE id = $1`, [input.templateId]);
   if (!t || t.tenantId !== who.tenantId) throw notFound("sandbox template", input.templateId as string);
   const ttl = input.ttlSeconds ?? t.ttlSeconds;
@@ -101,6 +83,62 @@ export async function createSandbox(w: Write, deps: AdmissionDeps, who: Principa
   // A claim leaves the pool one short: the reconciler boots its replacement.
   if (warm) w.wakeSandboxes();
   return sandbox;
+}
+
+/**
+ * A new sandbox from a snapshot: its instance is placed on the host holding the snapshot and made from it
+ * (`restore_from`, which the host spec carries), running on from the saved point with its own identity. It keeps
+ * the source sandbox's template, env and network policy; its lifetime is the source's unless the create says.
+ */
+async function restoreSandbox(
+  w: Write,
+  deps: AdmissionDeps,
+  who: Principal & { tenantId: string },
+  r: { id: string; key: string; requestHash: string; snapshotId: string; ttlSeconds: number | null },
+): Promise<Sandbox> {
+  const snap = await restorable(w, who, r.snapshotId);
+  const src = (await one<Instance>(w.sql, `SELECT ${INSTANCE_COLUMNS} FROM instances WHERE id = $1`, [snap.instanceId])) as Instance;
+  const from = (await one<Sandbox>(w.sql, `SELECT ${SANDBOX_COLUMNS} FROM sandboxes s WHERE s.id = $1`, [snap.sandboxId])) as Sandbox;
+  const ttl = r.ttlSeconds ?? from.ttlSeconds;
+  if (ttl > from.maxTtlSeconds) throw invalid(`input.ttlSeconds: at most ${from.maxTtlSeconds}`, { path: "input.ttlSeconds" });
+  const admitted = await admitInstance(
+    w,
+    deps,
+    { identityId: who.identityId, tenantId: who.tenantId },
+    { poolId: src.poolId, flavor: src.flavor, imageId: src.imageId, idempotencyKey: `sandbox:${r.key}` },
+    { audit: false, onlyNodeId: snap.nodeId },
+  );
+  await w.sql.query(`UPDATE instances SET sandbox_id = $2, env = $3::jsonb, network_policy = $4::jsonb, restore_from = $5::jsonb WHERE id = $1`, [
+    admitted.id,
+    r.id,
+    JSON.stringify(src.env),
+    src.networkPolicy === null ? null : JSON.stringify(src.networkPolicy),
+    JSON.stringify({ instanceId: src.id, snapshotId: snap.id }),
+  ]);
+  const expiresAt = new Date(w.now.getTime() + ttl * 1000);
+  const [row] = await w.sql.query<Sandbox>(
+    `INSERT INTO sandboxes AS s (id, tenant_id, owner_identity_id, template_id, template_version, from_snapshot_id, instance_id, idempotency_key,
+       request_hash, ttl_seconds, max_ttl_seconds, expires_at, warm, created_at)
+     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, false, $13) RETURNING ${SANDBOX_COLUMNS}`,
+    [
+      r.id,
+      who.tenantId,
+      who.identityId,
+      from.templateId,
+      from.templateVersion,
+      snap.id,
+      admitted.id,
+      r.key,
+      r.requestHash,
+      ttl,
+      from.maxTtlSeconds,
+      expiresAt,
+      w.now,
+    ],
+  );
+  w.audit({ targetId: r.id, tenantId: who.tenantId, details: { snapshotId: snap.id, from: from.id, instanceId: admitted.id, nodeId: snap.nodeId } });
+  w.deadline(r.id, expiresAt);
+  return row as Sandbox;
 }
 
 /**
@@ -142,12 +180,6 @@ async function bootCold(w: Write, deps: AdmissionDeps, t: SandboxTemplate, who: 
     [inst.id, sbx, JSON.stringify(envOf(t)), JSON.stringify(t.network)],
   );
   return row as Instance;
-}
-
-export async function lockSandbox(w: Write, who: Principal, id: string): Promise<Sandbox> {
-  const s = await one<Sandbox>(w.sql, `SELECT ${SANDBOX_COLUMNS} FROM sandboxes s WHERE s.id = $1 FOR UPDATE`, [id]);
-  if (!s || !visibleTo(who, s.tenantId)) throw notFound("sandbox", id);
-  return s;
 }
 
 /** Delete: its instance goes (the event's reason says why: `sandbox:deleted`, `sandbox:ttl`). Again: nothing. */

@@ -11,6 +11,7 @@ import "./hosts.ts";
 import "./snapshots.ts";
 import "./sandboxes.ts";
 import "./sandbox-live.ts";
+import "./sandbox-snapshots.ts";
 import "./events.ts";
 
 export const schema = builder.toSchema();

@@ -113,6 +113,8 @@ async function runEveryMutation() {
   const principal = { identityId: made.apiToken.identityId, tenantId: tenant.id, operator: false, scopes: new Set(["compute:sandboxes:exec"] as const) };
   const exec = await h.platform.write({ actor: "test" }, (w) => requestExec(w, principal, sbx.id, { command: ["true"] }));
   await host("reportExecOutput", bc.ReportExecOutputDocument, { commandId: exec.commandId, chunks: [{ seq: 0, stream: "stdout", data: "ok\n" }] });
+  const { createSandboxSnapshot: ssnap } = await me("createSandboxSnapshot", bc.CreateSandboxSnapshotDocument, { sandboxId: sbx.id });
+  await me("deleteSandboxSnapshot", bc.DeleteSandboxSnapshotDocument, { id: ssnap.id });
   await me("deleteSandbox", bc.DeleteSandboxDocument, { id: sbx.id });
   await me("deleteSandboxTemplate", bc.DeleteSandboxTemplateDocument, { id: tpl.id });
 

@@ -4,10 +4,12 @@ import {
   CreatePoolDocument,
   CreateProviderAccountDocument,
   CreateSandboxDocument,
+  CreateSandboxSnapshotDocument,
   CreateSandboxTemplateDocument,
   createWsClient,
   DeleteInstanceDocument,
   DeleteSandboxDocument,
+  DeleteSandboxSnapshotDocument,
   DeleteSandboxTemplateDocument,
   ExtendSandboxDocument,
   InstanceDocument,
@@ -18,6 +20,8 @@ import {
   type SandboxExecSubscription,
   type SandboxExecSubscriptionVariables,
   SandboxesDocument,
+  SandboxSnapshotDocument,
+  SandboxSnapshotsDocument,
   SandboxTemplateDocument,
   SetTenantQuotaDocument,
   StartInstanceDocument,
@@ -197,6 +201,51 @@ describe("exec", () => {
       }
     })();
     await expect(stopped).rejects.toMatchObject({ code: "PRECONDITION_FAILED" });
+    await t.client.request(DeleteSandboxTemplateDocument, { id: tpl.id });
+  });
+});
+
+describe("sandbox snapshots", () => {
+  it("save a sandbox on its host and restore it as a new sandbox there, with its lineage", async () => {
+    const tpl = await template();
+    const { createSandbox: src } = await t.client.request(CreateSandboxDocument, { input: { templateId: tpl.id } });
+    await waitSandbox(src.id, "RUNNING");
+    const ws = await createWsClient({ url: hosts.h.url, token: t.token, retryAttempts: 0 });
+    const exec = async (sandboxId: string, command: string[]) => {
+      let out = "";
+      for await (const m of ws.subscribe(SandboxExecDocument, { sandboxId, command })) out += m.sandboxExec.stream === "STDOUT" ? m.sandboxExec.data : "";
+      return out;
+    };
+    try {
+      await exec(src.id, ["sh", "-c", "echo before-snapshot > state.txt"]);
+      const { createSandboxSnapshot: snap } = await t.client.request(CreateSandboxSnapshotDocument, { sandboxId: src.id });
+      expect(snap).toMatchObject({ sandboxId: src.id, state: "CREATING" });
+      await expectCode(t.client.request(CreateSandboxDocument, { input: { snapshotId: snap.id } }), "PRECONDITION_FAILED");
+      await expect
+        .poll(async () => (await t.client.request(SandboxSnapshotDocument, { id: snap.id })).sandboxSnapshot?.state, { timeout: 20_000 })
+        .toBe("READY");
+      await exec(src.id, ["sh", "-c", "echo after-snapshot > state.txt"]);
+
+      const { createSandbox: copy } = await t.client.request(CreateSandboxDocument, { input: { snapshotId: snap.id } });
+      expect(copy).toMatchObject({ fromSnapshotId: snap.id, templateId: tpl.id });
+      await waitSandbox(copy.id, "RUNNING");
+      const [a, b] = await Promise.all([src, copy].map(async (s) => (await t.client.request(SandboxDocument, { id: s.id })).sandbox));
+      expect(b?.instance.nodeId).toBe(a?.instance.nodeId);
+      expect(b?.instance.id).not.toBe(a?.instance.id);
+      expect(await exec(copy.id, ["cat", "state.txt"])).toBe("before-snapshot\n");
+      expect(await exec(src.id, ["cat", "state.txt"])).toBe("after-snapshot\n");
+      const lineage = (await t.client.request(SandboxSnapshotsDocument, { sandboxId: src.id })).sandboxSnapshots;
+      expect(lineage.map((x) => [x.id, x.restoredInto.map((r) => r.id)])).toEqual([[snap.id, [copy.id]]]);
+
+      const other = await hosts.h.tenant();
+      expect((await other.client.request(SandboxSnapshotDocument, { id: snap.id })).sandboxSnapshot).toBeNull();
+      await expectCode(other.client.request(CreateSandboxDocument, { input: { snapshotId: snap.id } }), "NOT_FOUND");
+      await t.client.request(DeleteSandboxSnapshotDocument, { id: snap.id });
+      await expectCode(t.client.request(CreateSandboxDocument, { input: { snapshotId: snap.id } }), "PRECONDITION_FAILED");
+      for (const s of [src, copy]) await t.client.request(DeleteSandboxDocument, { id: s.id });
+    } finally {
+      await ws.dispose();
+    }
     await t.client.request(DeleteSandboxTemplateDocument, { id: tpl.id });
   });
 });

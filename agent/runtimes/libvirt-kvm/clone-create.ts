@@ -4,27 +4,15 @@ import { chmod, copyFile, mkdir, rename, rm, writeFile } from "node:fs/promises"
 import { join } from "node:path";
 import { type InstanceSpec, tapFor } from "../../../contracts/host.ts";
 import { PASS_THROUGH_DIR } from "../files.ts";
-import { type DomainStatus, RuntimeError } from "../runtime.ts";
-import type { Dom, Hypervisor } from "./binding.ts";
+import { RuntimeError } from "../runtime.ts";
+import type { Dom } from "./binding.ts";
 import { cloneXml, savedXml, writeCloneImage } from "./clone.ts";
+import type { DomainContext } from "./context.ts";
 import { writeSeedIso } from "./disks.ts";
 import { run } from "./exec.ts";
 import { imageInfo } from "./images.ts";
+import { refuseForeignDisk } from "./snapshot-ops.ts";
 import { snapshotPaths } from "./snapshots.ts";
-
-/** What making a domain from a snapshot needs of the runtime. */
-export interface CloneContext {
-  hv: Hypervisor;
-  owner: string;
-  instanceDir(id: string): string;
-  overlayPath(id: string): string;
-  lookup(id: string): Promise<Dom | null>;
-  power(d: Dom): Promise<DomainStatus["state"]>;
-  /** A libvirt call, its failure as a RuntimeError. */
-  libvirt<T>(call: () => Promise<T>): Promise<T>;
-  /** Throws unless the disk stands on a verified base of this host's cache and names nothing else. */
-  refuseForeignDisk(id: string, disk: string): Promise<void>;
-}
 
 /**
  * Domain `spec.id` made from snapshot `from` of another instance on this host (./clone.ts): the snapshot's
@@ -37,7 +25,7 @@ export interface CloneContext {
  * that died in between), and the work is finished rather than the domain booted afresh from a disk that goes
  * with saved memory.
  */
-export async function createFromSnapshot(c: CloneContext, spec: InstanceSpec, from: { instanceId: string; snapshotId: string }): Promise<void> {
+export async function createFromSnapshot(c: DomainContext, spec: InstanceSpec, from: { instanceId: string; snapshotId: string }): Promise<void> {
   const dir = c.instanceDir(spec.id);
   const marker = join(dir, "cloning");
   let d = await c.lookup(spec.id);
@@ -90,13 +78,13 @@ function refuseOtherShape(saved: string, spec: InstanceSpec): void {
 }
 
 /** The snapshot's disk, checked, as the new instance's overlay; grown where the spec asks for more. */
-async function copyDisk(c: CloneContext, spec: InstanceSpec, disk: string): Promise<void> {
+async function copyDisk(c: DomainContext, spec: InstanceSpec, disk: string): Promise<void> {
   const overlay = c.overlayPath(spec.id);
   if (existsSync(overlay)) return;
   const tmp = `${overlay}.tmp`;
   await copyFile(disk, tmp, constants.COPYFILE_FICLONE);
   try {
-    await c.refuseForeignDisk(spec.id, tmp);
+    await refuseForeignDisk(c, spec.id, tmp);
     const size = (await imageInfo(tmp, "qcow2"))["virtual-size"];
     if (spec.diskGib * 2 ** 30 < size) throw new RuntimeError(`the snapshot's disk is ${size / 2 ** 30} GiB; ${spec.id} asks for ${spec.diskGib} GiB`, false);
     // The guest sees the larger disk once it rescans it (its saved state knew the old size).

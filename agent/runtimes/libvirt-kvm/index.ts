@@ -1,21 +1,24 @@
 import { randomUUID } from "node:crypto";
-import { constants, existsSync } from "node:fs";
-import { chmod, copyFile, mkdir, readFile, rename, rm, writeFile } from "node:fs/promises";
-import { dirname, join, resolve } from "node:path";
+import { existsSync } from "node:fs";
+import { chmod, mkdir, readFile, rm, writeFile } from "node:fs/promises";
+import { join, resolve } from "node:path";
 import { setTimeout as sleep } from "node:timers/promises";
 import type { Capacity, ExecRequest, ExecResult, InstanceSpec } from "../../../contracts/host.ts";
-import { bytesIn, PASS_THROUGH_DIR, PRIVATE_FILE, sweepTemporaries } from "../files.ts";
+import { PASS_THROUGH_DIR, sweepTemporaries } from "../files.ts";
 import { type DomainStatus, type Runtime, RuntimeError } from "../runtime.ts";
 import { type Dom, daemonSocket, type Hypervisor, openLibvirt } from "./binding.ts";
-import { type CloneContext, createFromSnapshot } from "./clone-create.ts";
+import { createFromSnapshot } from "./clone-create.ts";
+import type { DomainContext } from "./context.ts";
 import { makeOverlay, writeSeedIso } from "./disks.ts";
 import { type DirectBoot, type DomainType, domainXml, ownedBy } from "./domain-xml.ts";
+import { envOf, keepEnv } from "./env-file.ts";
 import { run } from "./exec.ts";
 import { asRuntimeError, guestExec } from "./guest-exec.ts";
 import { detectDomainType, diskGib } from "./host.ts";
-import { ImageCache, type ImageSources, imageInfo, refuseReferences } from "./images.ts";
+import { ImageCache, type ImageSources, imageInfo } from "./images.ts";
 import { LibvirtRpc } from "./rpc.ts";
-import { clearSaving, markSaving, readSaving, type Saving, savedPower, seal, snapshotPaths } from "./snapshots.ts";
+import { revert, settle, takeSnapshot } from "./snapshot-ops.ts";
+import { snapshotPaths } from "./snapshots.ts";
 import { CrashWatch, powerOf } from "./states.ts";
 
 /**
@@ -74,9 +77,6 @@ export interface LibvirtRuntimeExtras {
   snapshotDir(id: string, snapshotId: string): string;
 }
 
-/** The spec's env, kept with the instance for exec (it may hold the owner's secrets: the host's alone). */
-const ENV_FILE = "env.json";
-
 class LibvirtRuntime implements Runtime, LibvirtRuntimeExtras {
   readonly id = "libvirt-kvm";
   private readonly images: ImageCache;
@@ -85,6 +85,8 @@ class LibvirtRuntime implements Runtime, LibvirtRuntimeExtras {
   /** Whether a domain (by name) is this runtime's; a name's owner never changes while it exists. */
   private readonly owned = new Map<string, boolean>();
   private readonly crashes = new CrashWatch();
+  /** What ./snapshot-ops.ts and ./clone-create.ts work through. */
+  private readonly context: DomainContext;
   /** Guest agent commands go to libvirtd over its RPC protocol (./rpc.ts), opened at the first exec. */
   private agentRpc: LibvirtRpc | null = null;
 
@@ -95,6 +97,18 @@ class LibvirtRuntime implements Runtime, LibvirtRuntimeExtras {
     private readonly owner: string,
   ) {
     this.images = new ImageCache(join(o.stateDir, "images"), o.imageSources);
+    this.context = {
+      hv,
+      owner,
+      stateDir: o.stateDir,
+      instanceDir: (id) => this.dir(id),
+      overlayPath: (id) => this.overlayPath(id),
+      lookup: (id) => this.lookup(id),
+      must: (id) => this.must(id),
+      power: (d) => this.power(d),
+      libvirt: (call) => this.libvirt(call),
+      forgetDisk: (id) => this.disks.delete(id),
+    };
   }
 
   private dir(id: string): string {
@@ -137,12 +151,12 @@ class LibvirtRuntime implements Runtime, LibvirtRuntimeExtras {
   async create(spec: InstanceSpec): Promise<void> {
     const dir = this.dir(spec.id);
     if (spec.fromSnapshot) {
-      await this.keepEnv(spec);
-      await createFromSnapshot(this.cloneContext(), spec, spec.fromSnapshot);
+      await keepEnv(dir, spec.env);
+      await createFromSnapshot(this.context, spec, spec.fromSnapshot);
       this.owned.set(spec.id, true);
       return;
     }
-    if (await this.lookup(spec.id)) return this.keepEnv(spec);
+    if (await this.lookup(spec.id)) return keepEnv(dir, spec.env);
     if (spec.image.format === "iso") throw new RuntimeError("installing from an ISO image is not supported by libvirt-kvm yet", false);
     // No base larger than the instance's own disk: a tenant's URL must not fill the host.
     const base = await this.images.get(spec.image, spec.diskGib * 2 ** 30);
@@ -151,7 +165,7 @@ class LibvirtRuntime implements Runtime, LibvirtRuntimeExtras {
     const paths = { overlay: this.overlayPath(spec.id), seed: join(dir, "seed.iso"), console: this.consolePath(spec.id) };
     if (!existsSync(paths.overlay)) await makeOverlay(base, spec.image.format, paths.overlay, spec.diskGib);
     await writeSeedIso(spec, paths.seed);
-    await this.keepEnv(spec);
+    await keepEnv(dir, spec.env);
     const xml = domainXml(spec, { type: this.domainType, owner: this.owner, paths, boot: this.o.boot });
     await this.libvirt(() => this.hv.domainDefineXML(xml));
     this.owned.set(spec.id, true);
@@ -223,111 +237,16 @@ class LibvirtRuntime implements Runtime, LibvirtRuntimeExtras {
     this.crashes.clear(id);
   }
 
-  /**
-   * Save stops the domain and writes its memory; while it is off, the overlay is copied; then the domain is
-   * restored from that memory and carries on (`settle`). Files as ./snapshots.ts lays them out.
-   */
-  async snapshot(id: string, snapshotId: string): Promise<{ sizeBytes: number }> {
-    const d = await this.must(id);
-    const { final, partial } = snapshotPaths(this.dir(id), snapshotId);
-    await this.settle(id, d, true);
-    if (existsSync(final)) return { sizeBytes: await bytesIn(final) };
-    const power = await this.power(d);
-    if (power !== "running" && power !== "paused") throw new RuntimeError(`${id} is not running: no memory to save`, false);
-    await rm(partial, { recursive: true, force: true });
-    await mkdir(partial, { recursive: true });
-    await markSaving(this.dir(id), { snapshotId, power });
-    try {
-      await this.libvirt(() => this.hv.domainSave(d, join(partial, "memory.save")));
-    } catch (e) {
-      // Not saved, so still as it was: nothing to finish later.
-      await clearSaving(this.dir(id));
-      throw e;
-    }
-    await this.settle(id, d, true);
-    return { sizeBytes: await bytesIn(final) };
+  snapshot(id: string, snapshotId: string): Promise<{ sizeBytes: number }> {
+    return takeSnapshot(this.context, id, snapshotId);
   }
 
-  /**
-   * The snapshot's disk copied aside and checked, the domain destroyed if it runs (it is being reverted), the
-   * copy renamed over the overlay, then the saved memory restored: the guest runs on from the saved point, in
-   * the power state it was saved in. A refused disk leaves the domain as it was.
-   */
-  async restore(id: string, snapshotId: string): Promise<void> {
-    const d = await this.must(id);
-    const { final } = snapshotPaths(this.dir(id), snapshotId);
-    if (!existsSync(final)) throw new RuntimeError(`no snapshot ${snapshotId} of ${id} on this host`, false);
-    const power = await savedPower(final);
-    const overlay = this.overlayPath(id);
-    const tmp = `${overlay}.restore.tmp`;
-    await copyFile(join(final, "disk.qcow2"), tmp, constants.COPYFILE_FICLONE);
-    try {
-      await this.refuseForeignDisk(id, tmp);
-      if ((await this.power(d)) !== "stopped") await this.libvirt(() => this.hv.domainDestroy(d));
-      await this.settle(id, d, false);
-      await rename(tmp, overlay);
-    } finally {
-      await rm(tmp, { force: true });
-    }
-    this.disks.delete(id);
-    await this.thaw(d, join(final, "memory.save"), power);
+  restore(id: string, snapshotId: string): Promise<void> {
+    return revert(this.context, id, snapshotId);
   }
 
-  /**
-   * A domain a snapshot saved (off): its snapshot's files completed and renamed into place, then the domain
-   * restored from its memory (`thaw`), or left off when the caller wants it off anyway. A snapshot's own last
-   * step, and the recovery of one this process died in. The guest's memory comes back even when the files
-   * cannot be completed; a save that left no memory file leaves the domain to boot afresh.
-   */
-  private async settle(id: string, d: Dom, thaw: boolean): Promise<void> {
-    const saving = await readSaving(this.dir(id));
-    if (!saving) return;
-    const { final, partial } = snapshotPaths(this.dir(id), saving.snapshotId);
-    const memory = () => [join(final, "memory.save"), join(partial, "memory.save")].find((f) => existsSync(f));
-    try {
-      if ((await this.power(d)) !== "stopped" || !memory()) return;
-      try {
-        if (!existsSync(final)) await seal(this.overlayPath(id), partial, final, saving.power);
-      } finally {
-        const saved = memory();
-        if (thaw && saved) await this.thaw(d, saved, saving.power);
-      }
-    } finally {
-      // Once only: a memory file that cannot be restored must not keep the domain from booting afresh.
-      await clearSaving(this.dir(id));
-      await rm(partial, { recursive: true, force: true });
-    }
-  }
-
-  /** Restore saved memory and end in `power`: the save file records it, but nothing in the binding says so. */
-  private async thaw(d: Dom, memory: string, power: Saving["power"]): Promise<void> {
-    await this.libvirt(() => this.hv.domainRestore(memory));
-    const now = await this.power(d);
-    if (power === "paused" && now === "running") await this.libvirt(() => this.hv.domainSuspend(d));
-    if (power === "running" && now === "paused") await this.libvirt(() => this.hv.domainResume(d));
-  }
-
-  private cloneContext(): CloneContext {
-    return {
-      hv: this.hv,
-      owner: this.owner,
-      instanceDir: (id) => this.dir(id),
-      overlayPath: this.overlayPath,
-      lookup: (id) => this.lookup(id),
-      power: (d) => this.power(d),
-      libvirt: (call) => this.libvirt(call),
-      refuseForeignDisk: (id, disk) => this.refuseForeignDisk(id, disk),
-    };
-  }
-
-  /** An instance's disk must stand on a verified base of this host's cache, and name nothing else. */
-  private async refuseForeignDisk(id: string, disk: string): Promise<void> {
-    const info = await imageInfo(disk, "qcow2");
-    const backing = info["full-backing-filename"] ?? info["backing-filename"];
-    if (!backing || dirname(resolve(dirname(disk), backing)) !== join(this.o.stateDir, "images")) {
-      throw new RuntimeError(`the disk of ${id} stands on ${backing ?? "nothing"}, not on a verified base of this host; refused`, false);
-    }
-    refuseReferences({ ...info, "backing-filename": undefined, "full-backing-filename": undefined }, `the disk of ${id}`);
+  private settle(id: string, d: Dom, thaw: boolean): Promise<void> {
+    return settle(this.context, id, d, thaw);
   }
 
   /**
@@ -343,7 +262,7 @@ class LibvirtRuntime implements Runtime, LibvirtRuntimeExtras {
     if (!socket) throw new RuntimeError(`exec needs libvirtd on this machine (qemu:///system), not ${this.o.uri}`, false);
     this.agentRpc ??= new LibvirtRpc(socket);
     const rpc = this.agentRpc;
-    const env = JSON.parse(await readFile(join(this.dir(id), ENV_FILE), "utf8").catch(() => "{}")) as Record<string, string>;
+    const env = await envOf(this.dir(id));
     const agent = async (command: object) => {
       const reply = JSON.parse(await rpc.agentCommand(id, JSON.stringify(command), 10)) as { return?: unknown; error?: { desc?: string } };
       if (reply.error) throw new RuntimeError(`guest agent: ${reply.error.desc ?? JSON.stringify(reply.error)}`, false);
@@ -354,16 +273,6 @@ class LibvirtRuntime implements Runtime, LibvirtRuntimeExtras {
     } catch (e) {
       throw asRuntimeError(e);
     }
-  }
-
-  /** Written when it differs, so that a converger calling create on every pass costs no write. */
-  private async keepEnv(spec: InstanceSpec): Promise<void> {
-    const file = join(this.dir(spec.id), ENV_FILE);
-    const text = JSON.stringify(spec.env ?? {});
-    if (existsSync(file) && (await readFile(file, "utf8")) === text) return;
-    await mkdir(dirname(file), { recursive: true });
-    await writeFile(`${file}.tmp`, text, { mode: PRIVATE_FILE });
-    await rename(`${file}.tmp`, file);
   }
 
   async close(): Promise<void> {

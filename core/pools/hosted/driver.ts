@@ -65,6 +65,7 @@ export const hostedDriver: PoolDriver = {
       instanceId: req.instanceId,
       shape: req.shape,
       singleTenant: req.pool.singleTenant,
+      ...(req.onlyNodeId ? { onlyNodeId: req.onlyNodeId } : {}),
     });
     const address = await leaseAddress(w.sql, req.pool.id, req.instanceId, w.now);
     return { nodeId: placement.nodeId, allocationId: placement.allocationId, addresses: [address], image, runtime: deps.runtimes[0] ?? null };

@@ -42,11 +42,12 @@ export async function buildNodeSpec(sql: Sql, sealer: Sealer, hostNetwork: strin
     gpus: { model: string; pciAddress: string | null }[];
     env: Record<string, string>;
     networkPolicy: NetworkPolicy | null;
+    restoreFrom: { instanceId: string; snapshotId: string } | null;
   }>(
     `SELECT i.id, i.state, i.desired_state AS desired, i.vcpus, i.memory_mib AS "memoryMib", i.disk_gib AS "diskGib",
             i.image_url AS url, i.image_sha256 AS sha256, i.image_format AS format, i.ssh_keys AS "sshKeys",
             i.user_data_sealed AS sealed, i.addresses[1] AS address, ip.prefix, ip.network::text AS network,
-            ip.gateway_offset AS "gatewayOffset", i.env, i.network_policy AS "networkPolicy",
+            ip.gateway_offset AS "gatewayOffset", i.env, i.network_policy AS "networkPolicy", i.restore_from AS "restoreFrom",
             COALESCE((SELECT jsonb_agg(jsonb_build_object('model', g.model, 'pciAddress', g.pci_address) ORDER BY g.index)
                         FROM node_gpus g WHERE g.allocation_id = i.allocation_id), '[]') AS gpus
        FROM instances i LEFT JOIN ip_pools ip ON ip.pool_id = i.pool_id
@@ -74,7 +75,7 @@ export async function buildNodeSpec(sql: Sql, sealer: Sealer, hostNetwork: strin
     },
     env: r.env,
     network: r.networkPolicy ?? { egress: "all", allow: [] },
-    fromSnapshot: null,
+    fromSnapshot: r.restoreFrom,
   }));
   const remove = await sql.query<{ id: string }>(
     `SELECT id FROM instances WHERE node_id = $1 AND desired_state = 'deleted' AND state <> 'deleted'

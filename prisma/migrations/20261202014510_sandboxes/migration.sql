@@ -2,6 +2,7 @@
 ALTER TABLE "instances" ADD COLUMN     "claimed_at" TIMESTAMPTZ(3),
 ADD COLUMN     "env" JSONB NOT NULL DEFAULT '{}',
 ADD COLUMN     "network_policy" JSONB,
+ADD COLUMN     "restore_from" JSONB,
 ADD COLUMN     "sandbox_id" TEXT,
 ADD COLUMN     "warm_template_id" TEXT,
 ADD COLUMN     "warm_template_version" INTEGER;
@@ -48,6 +49,18 @@ CREATE TABLE "sandboxes" (
 );
 
 -- CreateTable
+CREATE TABLE "sandbox_snapshots" (
+    "id" TEXT NOT NULL,
+    "tenant_id" TEXT NOT NULL,
+    "sandbox_id" TEXT NOT NULL,
+    "instance_id" TEXT NOT NULL,
+    "created_at" TIMESTAMPTZ(3) NOT NULL DEFAULT CURRENT_TIMESTAMP,
+    "deleted_at" TIMESTAMPTZ(3),
+
+    CONSTRAINT "sandbox_snapshots_pkey" PRIMARY KEY ("id")
+);
+
+-- CreateTable
 CREATE TABLE "exec_output" (
     "command_id" TEXT NOT NULL,
     "seq" INTEGER NOT NULL,
@@ -71,6 +84,9 @@ CREATE INDEX "sandboxes_expires_at_idx" ON "sandboxes"("expires_at");
 CREATE UNIQUE INDEX "sandboxes_tenant_id_owner_identity_id_idempotency_key_key" ON "sandboxes"("tenant_id", "owner_identity_id", "idempotency_key");
 
 -- CreateIndex
+CREATE INDEX "sandbox_snapshots_sandbox_id_idx" ON "sandbox_snapshots"("sandbox_id");
+
+-- CreateIndex
 CREATE UNIQUE INDEX "instances_sandbox_id_key" ON "instances"("sandbox_id");
 
 -- CreateIndex
@@ -81,3 +97,6 @@ ALTER TABLE "sandbox_templates" ADD CONSTRAINT "sandbox_templates_tenant_id_fkey
 
 -- AddForeignKey
 ALTER TABLE "sandboxes" ADD CONSTRAINT "sandboxes_tenant_id_fkey" FOREIGN KEY ("tenant_id") REFERENCES "tenants"("id") ON DELETE CASCADE ON UPDATE CASCADE;
+
+-- AddForeignKey
+ALTER TABLE "sandbox_snapshots" ADD CONSTRAINT "sandbox_snapshots_tenant_id_fkey" FOREIGN KEY ("tenant_id") REFERENCES "tenants"("id") ON DELETE CASCADE ON UPDATE CASCADE;
