@@ -25,6 +25,8 @@ export interface AgentConfig {
   /** A key of the runtime registry (agent/runtimes/registry.ts). */
   runtime: string;
   heartbeatMs: number;
+  /** How sandboxes' egress policies are enforced on this host: nftables on the instances' taps, or not at all. */
+  egress: "nftables" | "off";
   logLevel: LogLevel;
   /** What the runtime is made with: `runtimes[runtime](runtimeOptions)`. */
   runtimeOptions: RuntimeOptions;
@@ -37,6 +39,8 @@ const options = {
   name: { type: "string" },
   "state-dir": { type: "string" },
   "heartbeat-ms": { type: "string" },
+  // Sandboxes' egress policies: nftables rules on each instance's tap (default with libvirt-kvm), or off.
+  egress: { type: "string" },
   // What a simulated host offers (the fake runtime); real runtimes read it from the host.
   vcpus: { type: "string" },
   "memory-mib": { type: "string" },
@@ -87,6 +91,7 @@ const flagSchema = z.object({
     .optional(),
   "state-dir": path.optional(),
   "heartbeat-ms": integer(100).default(5000),
+  egress: oneOf(["nftables", "off"]).optional(),
   vcpus: integer(1).default(16),
   "memory-mib": integer(1).default(65536),
   "disk-gib": integer(1).default(1000),
@@ -177,6 +182,8 @@ export function loadAgentConfig(argv: string[], env: Record<string, string | und
     stateDir,
     runtime,
     heartbeatMs: f["heartbeat-ms"],
+    // Only real taps can be filtered: the fake runtime has none.
+    egress: f.egress ?? (runtime === "libvirt-kvm" ? "nftables" : "off"),
     logLevel: vars.data.LOG_LEVEL,
     runtimeOptions: {
       stateDir,

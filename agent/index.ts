@@ -1,6 +1,6 @@
 import { existsSync, mkdirSync, readFileSync, renameSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
-import { type NodeSpec, nodeSpec, type StatusReport } from "../contracts/host.ts";
+import { type NetworkPolicy, type NodeSpec, nodeSpec, type StatusReport, tapFor } from "../contracts/host.ts";
 import {
   createClient,
   createWsClient,
@@ -26,6 +26,11 @@ export interface AgentOptions {
   stateDir: string;
   runtime: Runtime;
   heartbeatMs?: number;
+  /**
+   * Enforces sandboxes' egress policies on the host (agent/network/egress.ts), by tap name. Applied before each
+   * converge pass, so a tap is classified before its guest boots; a tap with no policy is dropped meanwhile.
+   */
+  egress?: { apply(policies: ReadonlyMap<string, NetworkPolicy>): Promise<void> };
   log?: (msg: string, fields?: Record<string, unknown>) => void;
 }
 
@@ -119,6 +124,7 @@ export async function startAgent(opts: AgentOptions) {
           // Instances a command held were skipped; the command's release asks for another pass. The
           // generation still counts as applied: every other instance has it, and held ones report as pinned.
           // A spec refused whole (another runtime's pool) is answered too: the report says why.
+          if (opts.egress) await opts.egress.apply(new Map(spec.instances.map((i) => [tapFor(i.id), i.network])));
           const { refused } = await converger.converge(spec);
           if (refused) log("spec refused", { generation: spec.generation, why: refused });
           converged = spec.generation;

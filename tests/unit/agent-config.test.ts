@@ -35,6 +35,7 @@ describe("agent configuration", () => {
       stateDir: resolve(".data/agent/build-host.example"),
       runtime: "fake",
       heartbeatMs: 5000,
+      egress: "off",
       logLevel: "info",
       runtimeOptions: {
         stateDir: resolve(".data/agent/build-host.example"),
