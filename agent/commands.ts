@@ -244,14 +244,16 @@ export class CommandRunner {
   }
 
   private async execute(cmd: Exclude<HostCommand, ExecCommand>): Promise<Record<string, unknown>> {
-    const { instanceId, snapshotId } = cmd.args;
     switch (cmd.kind) {
       case "instance.snapshot": {
-        const { sizeBytes } = await this.o.runtime.snapshot(instanceId, snapshotId);
+        const { sizeBytes } = await this.o.runtime.snapshot(cmd.args.instanceId, cmd.args.snapshotId);
         return { sizeBytes };
       }
       case "instance.restore":
-        await this.o.runtime.restore(instanceId, snapshotId);
+        await this.o.runtime.restore(cmd.args.instanceId, cmd.args.snapshotId);
+        return {};
+      case "instance.resume":
+        await this.o.runtime.resume(cmd.args.instanceId);
         return {};
     }
   }

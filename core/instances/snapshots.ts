@@ -54,7 +54,7 @@ async function lockForCommand(w: Write, who: Principal, id: string, what: string
 async function requireIdle(w: Write, inst: Instance, what: string): Promise<void> {
   const busy = await one<{ kind: string }>(
     w.sql,
-    `SELECT kind FROM host_commands WHERE instance_id = $1 AND settled_at IS NULL AND kind <> 'instance.exec' LIMIT 1`,
+    `SELECT kind FROM host_commands WHERE instance_id = $1 AND settled_at IS NULL AND kind IN ('instance.snapshot', 'instance.restore') LIMIT 1`,
     [inst.id],
   );
   if (busy) throw new AppError("PRECONDITION_FAILED", `${what}: an ${busy.kind} of ${inst.id} is still in progress`);
@@ -113,6 +113,13 @@ export async function settleCommands(w: Write, inst: Instance): Promise<Instance
     await settleCommand(w, c.id, expired ? "expired" : undefined);
     // An exec changes nothing of the instance: its watchers have its output and its end.
     if (c.kind === "instance.exec") continue;
+    // A resume the host did: the instance runs (its next report says so too). One that failed is left to the
+    // spec, which asks for the same and is converged and reported as usual.
+    if (c.kind === "instance.resume") {
+      const ok = c.state === "succeeded";
+      if (ok && inst.state === "paused" && inst.desiredState === "running") return writeChange(w, inst, { state: "running" }, "resumed");
+      continue;
+    }
     const outcome: Outcome = expired ? { ok: false, error: `the host did not finish ${c.kind} before its deadline` } : outcomeOf(c);
     const snapshotId = String(c.args.snapshotId);
     if (c.kind === "instance.snapshot") {

@@ -11,6 +11,7 @@ import { one, type Sql } from "../kernel/db.ts";
 import { base32 } from "../kernel/ids.ts";
 import { parseInput } from "../kernel/validation.ts";
 import type { Write } from "../kernel/write.ts";
+import { enqueueCommand } from "../pools/hosted/commands.ts";
 import { chargeQuota } from "../tenancy/quota.ts";
 import { lockSandbox, SANDBOX_COLUMNS, type Sandbox } from "./model.ts";
 import { restorable } from "./snapshots.ts";
@@ -21,7 +22,8 @@ export { lockSandbox, SANDBOX_COLUMNS, type Sandbox } from "./model.ts";
 /**
  * Sandboxes: one instance each, with a deadline. A create claims a warm instance of the template's current
  * version when one is paused and ready — under FOR UPDATE SKIP LOCKED, so concurrent creates never share one —
- * charges the tenant's quota for it then, and asks it to run (its host hears at once, through its spec); with
+ * charges the tenant's quota for it then, and asks it to run: a resume command goes straight to its host (the
+ * spec says the same, for a host that misses the command); with
  * none ready it boots one cold. The sandbox's state is its instance's.
  */
 const createInput = z.object({
@@ -159,6 +161,8 @@ async function claimWarm(w: Write, t: SandboxTemplate, who: Principal & { tenant
   if (!inst) return null;
   const charge = chargeOf(inst);
   await chargeQuota(w.sql, who.tenantId, charge);
+  if (inst.nodeId)
+    await enqueueCommand(w, { nodeId: inst.nodeId, instanceId: inst.id, kind: "instance.resume", args: { instanceId: inst.id }, timeoutMs: 60_000 });
   return writeChange(
     w,
     inst,

@@ -25,6 +25,11 @@ export interface GuestExecOptions {
   env: Record<string, string>;
   /** How long an agent that is not (yet) connected is waited for: a guest still booting gets there. */
   agentWaitMs: number;
+  /**
+   * The error for a domain libvirt says is not running (paused, stopped, crashed), or null when it runs: asked
+   * only then, so that an exec costs no state query of its own.
+   */
+  notRunning: () => Promise<RuntimeError | null>;
 }
 
 /** What a command sees besides its env: guest-exec's `env` replaces the whole environment. */
@@ -75,7 +80,7 @@ export async function guestExec(
   if (req.stdin !== null) execArgs["input-data"] = Buffer.from(req.stdin, "utf8").toString("base64");
   if (JSON.stringify(execArgs).length > REQUEST_MAX) throw new RuntimeError("exec: command, env and stdin together are over 3 MiB", false);
 
-  const out = await openWhenReady(id, agent, paths.stdout, o.agentWaitMs);
+  const out = await openWhenReady(id, agent, paths.stdout, o);
   const handles = { stdout: out, stderr: out };
   try {
     handles.stderr = (await agent({ execute: "guest-file-open", arguments: { path: paths.stderr, mode: "w+" } })) as number;
@@ -148,6 +153,8 @@ export async function guestExec(
 }
 
 const UNREACHABLE_MS = 30_000;
+/** virErrorNumber VIR_ERR_NO_DOMAIN: the domain was removed. */
+const VIR_ERR_NO_DOMAIN = 42;
 const unreachable = (e: unknown) => e instanceof LibvirtCallError && /not running|not connected|not available|not responding/i.test(e.message);
 
 /**
@@ -155,7 +162,8 @@ const unreachable = (e: unknown) => e instanceof LibvirtCallError && /not runnin
  * "not connected"), and one whose agent never comes, or whose domain has no agent channel at all, is refused
  * with a message that says so.
  */
-async function openWhenReady(id: string, agent: AgentCall, path: string, waitMs: number): Promise<number> {
+async function openWhenReady(id: string, agent: AgentCall, path: string, o: GuestExecOptions): Promise<number> {
+  const waitMs = o.agentWaitMs;
   const end = Date.now() + waitMs;
   let pause = 20;
   for (;;) {
@@ -163,9 +171,13 @@ async function openWhenReady(id: string, agent: AgentCall, path: string, waitMs:
       return (await agent({ execute: "guest-file-open", arguments: { path, mode: "w+" } })) as number;
     } catch (e) {
       const message = e instanceof Error ? e.message : String(e);
+      if (e instanceof LibvirtCallError && e.code === VIR_ERR_NO_DOMAIN) throw new RuntimeError(`no domain ${id} on this host`, true);
       if (/not configured/i.test(message)) throw new RuntimeError(`${id} has no QEMU guest agent: its domain has no agent channel`, false);
       if (!/not connected|not available|not responding|not running/i.test(message) || !(e instanceof LibvirtCallError)) throw asRuntimeError(e);
-      if (/not running/i.test(message)) throw new RuntimeError(`${id} is not running: exec needs a running guest`, false);
+      if (/not running/i.test(message) || Date.now() >= end) {
+        const why = await o.notRunning();
+        if (why) throw why;
+      }
       if (Date.now() >= end)
         throw new RuntimeError(
           `${id} has no QEMU guest agent connected after ${Math.round(waitMs / 1000)} s (${message}): the guest must run qemu-guest-agent on the virtio port org.qemu.guest_agent.0`,

@@ -254,10 +254,9 @@ class LibvirtRuntime implements Runtime, LibvirtRuntimeExtras {
    * request's. Only a running guest: a paused one cannot answer, and a stopped one has nothing to run it in.
    */
   async exec(id: string, req: Omit<ExecRequest, "instanceId">, onOutput: (stream: "stdout" | "stderr", data: string) => void): Promise<ExecResult> {
-    // No settle here, unlike the power methods: an exec may run beside a snapshot of the same domain.
-    const d = await this.must(id);
-    const power = await this.power(d);
-    if (power !== "running") throw new RuntimeError(`${id} is ${power}: exec needs it running`, false);
+    // No settle here, unlike the power methods: an exec may run beside a snapshot of the same domain. The domain
+    // is looked up once (whose it is never changes); whether it runs, libvirt's refusal says (`notRunning`).
+    if (this.owned.get(id) !== true) await this.must(id);
     const socket = daemonSocket(this.o.uri);
     if (!socket) throw new RuntimeError(`exec needs libvirtd on this machine (qemu:///system), not ${this.o.uri}`, false);
     this.agentRpc ??= new LibvirtRpc(socket);
@@ -269,7 +268,11 @@ class LibvirtRuntime implements Runtime, LibvirtRuntimeExtras {
       return reply.return;
     };
     try {
-      return await guestExec(id, agent, req, { env, agentWaitMs: this.o.agentWaitMs ?? 15_000 }, onOutput);
+      const notRunning = async () => {
+        const power = await this.power(await this.must(id));
+        return power === "running" ? null : new RuntimeError(`${id} is ${power}: exec needs it running`, false);
+      };
+      return await guestExec(id, agent, req, { env, agentWaitMs: this.o.agentWaitMs ?? 15_000, notRunning }, onOutput);
     } catch (e) {
       throw asRuntimeError(e);
     }
