@@ -14,7 +14,9 @@ import { LibvirtCallError } from "./rpc.ts";
  * (guest-file-read, 1 MiB at a time): output streams in order per stream, with no size limit. /bin/sh in the
  * guest points the command's stdout and stderr at the files, unlinks them (the open handles keep them readable,
  * and nothing is left behind however the command ends) and execs the command in a session of its own, so its
- * pid is the one qemu-ga reports and a timeout kills its whole process group.
+ * pid is the one qemu-ga reports and a timeout kills its whole process group. What the guest needs: qemu-ga
+ * on the virtio port org.qemu.guest_agent.0 (Debian's and Ubuntu's qemu-guest-agent package), /bin/sh and a
+ * writable /tmp.
  */
 
 /** Sends one agent command (JSON) to the domain and returns its parsed reply's `return`. */
@@ -38,8 +40,10 @@ const READ_BYTES = 2 ** 20;
 const STREAM_MS = 100;
 /** libvirt refuses strings over 4 MiB in a call: the guest-exec request (argv, env, stdin) must fit well under it. */
 const REQUEST_MAX = 3 * 2 ** 20;
+// A missing command is the shell's 127 whichever setsid runs it (util-linux's would exit 1).
 const WRAPPER = [
   'o=$1 e=$2; shift 2; exec >>"$o" 2>>"$e" || exit 125; rm -f "$o" "$e"',
+  'command -v "$1" >/dev/null 2>&1 || { echo "$1: command not found" >&2; exit 127; }',
   'if command -v setsid >/dev/null 2>&1; then exec setsid "$@"; fi; exec "$@"',
 ].join("\n");
 const SIGNALS: Record<number, string> = {
