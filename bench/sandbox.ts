@@ -2,6 +2,7 @@
  * Sandbox start times through the whole platform, on simulated hosts (the fake runtime).
  *
  *   npm run bench:sandbox -- [--rounds 30] [--warm 4] [--hosts 2] [--pg 0]
+ *   npm run bench:sandbox -- --libvirt 1 [--rounds 8]     (real libvirt: ./sandbox-libvirt.ts)
  *
  * One process runs the server, the worker and `hosts` agents on the fake runtime (embedded database and
  * in-memory jobs, or PostgreSQL and Redis with --pg 1). Each round measures, from the API call to the
@@ -11,7 +12,7 @@
  *   - a restore (a new sandbox from a READY snapshot on the same host).
  * The fake runtime's own operations take microseconds, so these are the platform's overhead: API, admission,
  * spec push, agent, report, reconciler, event feed. The same operations done bare on libvirt are measured by
- * tests/kvm/sandbox-runtime.test.ts (see README, Sandboxes). Prints p50/p99 of each.
+ * the --libvirt 1 mode. Prints p50/p99 of each.
  */
 import { mkdtempSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
@@ -21,7 +22,7 @@ import { createFakeRuntime } from "../agent/runtimes/fake/index.ts";
 import * as bc from "../sdk/client.ts";
 import { benchApi, benchArgs, percentile } from "./lib.ts";
 
-const args = benchArgs({ rounds: 30, warm: 4, hosts: 2, pg: 0 });
+const args = benchArgs({ rounds: 30, warm: 4, hosts: 2, pg: 0, libvirt: 0 });
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
 const fmt = (xs: number[]) => {
   const s = [...xs].sort((a, b) => a - b);
@@ -102,7 +103,7 @@ async function run() {
   }
 }
 
-run().then(
+(args.libvirt ? import("./sandbox-libvirt.ts").then((m) => m.libvirtBench(args.rounds)) : run()).then(
   () => process.exit(0),
   (e) => {
     console.error(e);
