@@ -183,8 +183,12 @@ export class CommandRunner {
     taken();
     let outcome: Outcome;
     try {
-      const before = (await this.o.runtime.list()).find((d) => d.id === command.args.instanceId);
-      if (before) lease.pin(before);
+      // Reports show a snapshotted or restored domain as it was when the command began. A resume is over in
+      // milliseconds and must not wait for a full listing of the host's domains.
+      if (command.kind !== "instance.resume") {
+        const before = (await this.o.runtime.list()).find((d) => d.id === command.args.instanceId);
+        if (before) lease.pin(before);
+      }
       outcome = { state: "succeeded", result: await this.execute(command), error: null };
     } catch (e) {
       outcome = { state: "failed", result: null, error: messageOf(e) };

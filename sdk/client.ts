@@ -94,7 +94,14 @@ export async function createWsClient(opts: WsClientOptions) {
           return this;
         },
         async next() {
-          const r = await it.next();
+          let r: IteratorResult<{ data?: unknown; errors?: readonly unknown[] }>;
+          try {
+            r = await it.next();
+          } catch (e) {
+            // A stream that fails after it began arrives as graphql-ws's error message: the list of errors.
+            if (Array.isArray(e) && e.length) throw new SdkError(e as SdkError["errors"]);
+            throw e;
+          }
           if (r.done) return { done: true, value: undefined };
           if (r.value.errors?.length) throw new SdkError(r.value.errors as SdkError["errors"]);
           return { done: false, value: r.value.data as R };

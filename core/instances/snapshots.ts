@@ -1,9 +1,9 @@
 import { AppError, notFound } from "../../contracts/errors.ts";
-import { type HostCommandKind, snapshotResult } from "../../contracts/host.ts";
+import { type CommandReport, type HostCommandKind, snapshotResult } from "../../contracts/host.ts";
 import type { Principal } from "../auth/principal.ts";
 import { one, type Sql } from "../kernel/db.ts";
 import type { Write } from "../kernel/write.ts";
-import { enqueueCommand, FINAL_STATES, type HostCommandRow, settleCommand, unsettledCommands } from "../pools/hosted/commands.ts";
+import { enqueueCommand, FINAL_STATES, type HostCommandRow, recordCommandReport, settleCommand, unsettledCommands } from "../pools/hosted/commands.ts";
 import { requirePool } from "../pools/pools.ts";
 import { requireCapability } from "../pools/registry.ts";
 import { lockInstance, writeChange } from "./changes.ts";
@@ -134,6 +134,23 @@ export async function settleCommands(w: Write, inst: Instance): Promise<Instance
     return writeChange(w, inst, {}, outcome.ok ? "restored" : "restore:failed");
   }
   return null;
+}
+
+/**
+ * A host's final word on a resume is settled in the report's own transaction (a warm claim waits on it): the
+ * instance is locked before the command, in the reconciler's order.
+ */
+export async function recordResumeReport(w: Write, nodeId: string, report: CommandReport): Promise<HostCommandRow | null> {
+  const cmd = await one<{ kind: string; instanceId: string | null }>(
+    w.sql,
+    `SELECT kind, instance_id AS "instanceId" FROM host_commands WHERE id = $1 AND node_id = $2`,
+    [report.id, nodeId],
+  );
+  if (cmd?.kind !== "instance.resume" || !cmd.instanceId || report.state === "running") return null;
+  const inst = await lockInstance(w, null, cmd.instanceId);
+  const row = await recordCommandReport(w, nodeId, report);
+  await settleCommands(w, inst);
+  return row;
 }
 
 type Outcome = { ok: true; sizeBytes: number | null } | { ok: false; error: string };

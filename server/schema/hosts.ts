@@ -2,6 +2,7 @@ import { z } from "zod";
 import type { Channels } from "../../contracts/channels.ts";
 import { commandReport, execChunk, statusReport } from "../../contracts/host.ts";
 import { requireNode, requireOperator } from "../../core/auth/principal.ts";
+import { recordResumeReport } from "../../core/instances/snapshots.ts";
 import { parseInput } from "../../core/kernel/validation.ts";
 import { commandsForNode, recordCommandReport } from "../../core/pools/hosted/commands.ts";
 import { createJoinToken, joinNode } from "../../core/pools/hosted/enrollment.ts";
@@ -85,7 +86,7 @@ builder.mutationFields((t) => ({
     resolve: (_r, { report }, ctx, info) => {
       const nodeId = requireNode(ctx.principal);
       const parsed = parseInput(commandReport, report, "report");
-      return mutate(ctx, info, (w) => recordCommandReport(w, nodeId, parsed));
+      return mutate(ctx, info, async (w) => (await recordResumeReport(w, nodeId, parsed)) ?? recordCommandReport(w, nodeId, parsed));
     },
   }),
   reportExecOutput: t.field({

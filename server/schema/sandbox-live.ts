@@ -6,6 +6,7 @@ import { cursorOf, parseCursor } from "../../core/instances/events.ts";
 import { readExec, requestExec } from "../../core/sandboxes/exec.ts";
 import { getSandbox, sandboxState } from "../../core/sandboxes/sandboxes.ts";
 import type { Context } from "../context.ts";
+import { toClientError } from "../errors.ts";
 import { builder } from "./builder.ts";
 import { Sandbox, SandboxState } from "./sandboxes.ts";
 
@@ -48,7 +49,8 @@ async function* execStream(ctx: Context, commandId: string): AsyncGenerator<Exec
         yield { stream: c.stream === "stdout" ? "STDOUT" : "STDERR", data: c.data, exitCode: null, signal: null, timedOut: null };
       }
       if (p.end) {
-        if (p.end.error && /guest agent/i.test(p.end.error)) throw new AppError("UNSUPPORTED", p.end.error);
+        // Thrown mid-stream, so past yoga's error mapping: a GraphQLError carries its code to the client itself.
+        if (p.end.error && /guest agent/i.test(p.end.error)) throw toClientError(new AppError("UNSUPPORTED", p.end.error), ctx.platform.log, ctx.requestId);
         const r = p.end.result;
         yield { stream: "EXIT", data: p.end.error, exitCode: r?.exitCode ?? null, signal: r?.signal ?? null, timedOut: r?.timedOut ?? null };
         return;

@@ -1,4 +1,6 @@
+import { join } from "node:path";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { injectFailure } from "../../agent/runtimes/fake/index.ts";
 import { expireSandboxes } from "../../core/sandboxes/warm.ts";
 import {
   CreatePoolDocument,
@@ -173,6 +175,11 @@ describe("exec", () => {
       expect(text("STDERR")).toBe("err 1\nerr 2\nerr 3\nerr 4\nerr 5\n");
       expect(out.at(-1)).toMatchObject({ stream: "EXIT", exitCode: 3, timedOut: false });
       expect(out.filter((o) => o.stream === "EXIT")).toHaveLength(1);
+
+      // A guest the host cannot reach (libvirt: no QEMU guest agent) is a typed refusal, not an exit code.
+      for (const dir of hosts.dirs)
+        injectFailure(join(dir, "fake-host"), "exec", { error: "domain has no QEMU guest agent: its domain has no agent channel", retryable: false, times: 1 });
+      await expect(run({ sandboxId: s.id, command: ["true"] })).rejects.toMatchObject({ code: "UNSUPPORTED" });
 
       const slow = await run({ sandboxId: s.id, command: ["sleep", "30"], timeoutSeconds: 1 });
       expect(slow.at(-1)).toMatchObject({ stream: "EXIT", exitCode: null, timedOut: true });
