@@ -1,6 +1,6 @@
 import { join } from "node:path";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { injectFailure } from "../../agent/runtimes/fake/index.ts";
+import { clearFailures, injectFailure } from "../../agent/runtimes/fake/index.ts";
 import { expireSandboxes } from "../../core/sandboxes/warm.ts";
 import {
   CreatePoolDocument,
@@ -180,6 +180,8 @@ describe("exec", () => {
       for (const dir of hosts.dirs)
         injectFailure(join(dir, "fake-host"), "exec", { error: "domain has no QEMU guest agent: its domain has no agent channel", retryable: false, times: 1 });
       await expect(run({ sandboxId: s.id, command: ["true"] })).rejects.toMatchObject({ code: "UNSUPPORTED" });
+      // Only the sandbox's host used its injection: the others' would fail a later test's exec.
+      for (const dir of hosts.dirs) clearFailures(join(dir, "fake-host"));
 
       const slow = await run({ sandboxId: s.id, command: ["sleep", "30"], timeoutSeconds: 1 });
       expect(slow.at(-1)).toMatchObject({ stream: "EXIT", exitCode: null, timedOut: true });
