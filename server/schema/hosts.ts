@@ -125,6 +125,7 @@ async function* follow<T, C extends "nodeSpecs" | "hostCommands">(
   nodeId: string,
   read: () => Promise<T>,
   news: (m: Channels[C]) => boolean = () => true,
+  coalesceMs = SPEC_COALESCE_MS,
 ): AsyncGenerator<T> {
   const changes = ctx.platform.bus.subscribe(channel, nodeId);
   const seen = { dirty: false, ended: false, wake: null as (() => void) | null };
@@ -153,7 +154,7 @@ async function* follow<T, C extends "nodeSpecs" | "hostCommands">(
         continue;
       }
       const since = Date.now() - lastReadAt;
-      await new Promise((r) => (since < SPEC_COALESCE_MS ? setTimeout(r, SPEC_COALESCE_MS - since) : setImmediate(r)));
+      await new Promise((r) => (since < coalesceMs ? setTimeout(r, coalesceMs - since) : setImmediate(r)));
       seen.dirty = false;
       lastReadAt = Date.now();
       yield await read();
@@ -185,7 +186,9 @@ async function* specStream(ctx: Context, nodeId: string) {
 async function* commandStream(ctx: Context, nodeId: string) {
   const { platform } = ctx;
   const sent = new Set<string>();
-  for await (const commands of follow(ctx, "hostCommands", nodeId, () => platform.read((sql) => commandsForNode(sql, nodeId, platform.now())))) {
+  // Commands are read incrementally and are few: no coalescing, a warm claim's resume is waiting on this.
+  const read = () => platform.read((sql) => commandsForNode(sql, nodeId, platform.now()));
+  for await (const commands of follow(ctx, "hostCommands", nodeId, read, () => true, 0)) {
     for (const command of commands) {
       if (sent.has(command.id)) continue;
       sent.add(command.id);
