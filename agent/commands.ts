@@ -178,7 +178,9 @@ export class CommandRunner {
   private async run(j: CommandJournal, taken: () => void = () => {}): Promise<void> {
     const { command } = j;
     if (command.kind === "instance.exec") return this.runExec(j, command);
-    this.deliver({ id: command.id, state: "running", result: null, error: null });
+    // A resume is over before an acknowledgement would arrive: its final report is the only one, and the
+    // server's write for it is the one a warm claim waits on.
+    if (command.kind !== "instance.resume") this.deliver({ id: command.id, state: "running", result: null, error: null });
     const lease = await this.o.locks.acquire(command.args.instanceId);
     taken();
     let outcome: Outcome;

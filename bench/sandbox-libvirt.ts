@@ -115,6 +115,8 @@ export async function libvirtBench(rounds: number): Promise<void> {
       await hv.domainRestore(file);
       bareRestore.push(performance.now() - t0);
     }
+    await t.request(bc.DeleteSandboxDocument, { id: src.id });
+    await gone(src.instance.id);
     await ws.dispose();
 
     const w = stats(warm);
@@ -128,6 +130,15 @@ export async function libvirtBench(rounds: number): Promise<void> {
     console.log(`  bare restore:             ${fmt(bs)}`);
     console.log(`restore ratio to bare:      ${(rs.p50 / bs.p50).toFixed(2)}x at p50 (goal <= 1.2x)`);
   } finally {
+    // Whatever a failed run left: this cluster's domains go with it, so no guest outlives the bench.
+    const ours = c ? await c.inspect((p) => p.db.prisma.instance.findMany({ select: { id: true } })).catch(() => []) : [];
+    for (const { id } of ours) {
+      const dom = await hv.domainLookupByName(id).catch(() => null);
+      if (dom) {
+        await hv.domainDestroy(dom).catch(() => {});
+        await hv.domainUndefine(dom).catch(() => {});
+      }
+    }
     await hv.connectClose().catch(() => {});
     await c?.close();
     await bridge.remove();

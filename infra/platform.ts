@@ -94,7 +94,7 @@ export async function openPlatform(config: Config, opts: PlatformOptions = {}): 
       for (const commandId of w.execOutputs) bus.publish("execOutput", { commandId }, commandId);
       for (const instanceId of w.wakes) await jobs.enqueue("vps.instances", { instanceId });
       for (const accountId of w.providerAccounts) await jobs.enqueue("vps.providers", { accountId });
-      if (w.sandboxes) await jobs.enqueue("vps.sandboxes", {});
+      if (w.sandboxes) await jobs.enqueue("vps.sandboxes", {}, { delayMs: w.sandboxes.delayMs });
       // Deadlines are on the platform's clock; the delay is measured from the write's own time.
       for (const [sandboxId, at] of w.deadlines)
         await jobs.enqueue("vps.sandbox.expire", { sandboxId }, { delayMs: Math.max(0, at.getTime() - w.now.getTime()) });

@@ -35,7 +35,7 @@ export class Write {
   readonly revoked: string[] = [];
   readonly commandNodes = new Set<string>();
   /** Sandbox templates or sandboxes changed: the sandboxes reconciler (warm pools, deadlines) runs once committed. */
-  sandboxes = false;
+  sandboxes: { delayMs: number } | null = null;
   /** Provider accounts whose offers and machines the worker should read again. */
   readonly providerAccounts = new Set<string>();
   private subject: AuditSubject | null = null;
@@ -94,8 +94,8 @@ export class Write {
   }
 
   /** Warm pools or deadlines changed: the sandboxes reconciler looks once committed. */
-  wakeSandboxes(): void {
-    this.sandboxes = true;
+  wakeSandboxes(delayMs = 0): void {
+    this.sandboxes = { delayMs: Math.min(delayMs, this.sandboxes?.delayMs ?? delayMs) };
   }
 
   /** A provider account is new or changed: the worker reads its offers (and machines) once committed. */

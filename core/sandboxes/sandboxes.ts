@@ -37,6 +37,8 @@ const createInput = z.object({
 });
 export type CreateSandboxInput = z.input<typeof createInput>;
 
+const REFILL_DELAY_MS = 500;
+
 /** Like instance ids: who asked and their key decide the id, so a replayed create lands on the same row. */
 function sandboxId(tenantId: string, callerId: string, key: string): string {
   return `sbx_${base32(
@@ -82,8 +84,9 @@ export async function createSandbox(w: Write, deps: AdmissionDeps, who: Principa
   const sandbox = row as Sandbox;
   w.audit({ targetId: id, tenantId: who.tenantId, details: { templateId: t.id, version: t.version, instanceId: inst.id, warm } });
   w.deadline(id, expiresAt);
-  // A claim leaves the pool one short: the reconciler boots its replacement.
-  if (warm) w.wakeSandboxes();
+  // A claim leaves the pool one short: the reconciler boots its replacement — a moment later, so the boot's
+  // writes and events do not queue ahead of the claimed guest's resume and its RUNNING event.
+  if (warm) w.wakeSandboxes(REFILL_DELAY_MS);
   return sandbox;
 }
 
