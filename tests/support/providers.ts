@@ -26,7 +26,9 @@ export const providerEnv = {
   PROVIDER_POLL_MAX_MS: "200",
   PROVIDER_SWEEP_MS: "300",
   PROVIDER_ORPHAN_GRACE_MS: "600",
-  PROVIDER_CREATE_LEASE_MS: "2000",
+  // Longer than BullMQ's 5 s job lock: a worker blocked past that (its stdout pipe full under debug logging)
+  // has its job run again beside it, and must still hold the lease; a killed worker's lease runs out in time.
+  PROVIDER_CREATE_LEASE_MS: "10000",
   RECONCILE_SWEEP_MS: "500",
 };
 
