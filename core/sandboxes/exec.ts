@@ -84,3 +84,17 @@ export async function readExec(sql: Sql, commandId: string, afterSeq: number, no
   if (cmd.deadline <= now) return { chunks, end: { result: null, error: "the host did not finish the exec before its deadline" } };
   return { chunks, end: null };
 }
+
+/** How long an exec's output is kept once the command finished: watchers that reconnect within it read it all. */
+export const EXEC_OUTPUT_KEEP_MS = 60 * 60_000;
+
+/** Output of execs that finished before `before` goes (the sandboxes job calls this): the table does not grow. */
+export async function pruneExecOutput(w: Write, before: Date): Promise<number> {
+  const rows = await w.sql.query<{ n: number }>(
+    `WITH d AS (DELETE FROM exec_output o USING host_commands c
+                 WHERE c.id = o.command_id AND c.kind = 'instance.exec' AND c.finished_at IS NOT NULL AND c.finished_at < $1 RETURNING 1)
+     SELECT count(*)::int AS n FROM d`,
+    [before],
+  );
+  return rows[0]?.n ?? 0;
+}

@@ -1,6 +1,7 @@
 import { join } from "node:path";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { clearFailures, injectFailure } from "../../agent/runtimes/fake/index.ts";
+import { EXEC_OUTPUT_KEEP_MS, pruneExecOutput } from "../../core/sandboxes/exec.ts";
 import { expireSandboxes } from "../../core/sandboxes/warm.ts";
 import {
   CreatePoolDocument,
@@ -182,6 +183,14 @@ describe("exec", () => {
       await expect(run({ sandboxId: s.id, command: ["true"] })).rejects.toMatchObject({ code: "UNSUPPORTED" });
       // Only the sandbox's host used its injection: the others' would fail a later test's exec.
       for (const dir of hosts.dirs) clearFailures(join(dir, "fake-host"));
+
+      // Output is kept an hour after its command finished, then pruned.
+      const kept = async () => (await hosts.h.platform.read((sql) => sql.query(`SELECT 1 FROM exec_output`))).length;
+      expect(await kept()).toBeGreaterThan(0);
+      const soon = new Date(Date.now() + 1000);
+      expect(await hosts.h.platform.write({ actor: "sandboxes" }, (w) => pruneExecOutput(w, new Date(soon.getTime() - EXEC_OUTPUT_KEEP_MS)))).toBe(0);
+      expect(await hosts.h.platform.write({ actor: "sandboxes" }, (w) => pruneExecOutput(w, soon))).toBeGreaterThan(0);
+      expect(await kept()).toBe(0);
 
       const slow = await run({ sandboxId: s.id, command: ["sleep", "30"], timeoutSeconds: 1 });
       expect(slow.at(-1)).toMatchObject({ stream: "EXIT", exitCode: null, timedOut: true });

@@ -1,3 +1,4 @@
+import { EXEC_OUTPUT_KEEP_MS, pruneExecOutput } from "../../core/sandboxes/exec.ts";
 import { type SandboxTemplate, TEMPLATE_COLUMNS } from "../../core/sandboxes/templates.ts";
 import { drainOrphanedWarm, expireSandboxes, tendPool } from "../../core/sandboxes/warm.ts";
 import type { Platform } from "../../infra/platform.ts";
@@ -5,13 +6,15 @@ import type { Platform } from "../../infra/platform.ts";
 const admission = (platform: Platform) => ({ ...platform.drivers, sealer: platform.sealer, newIdempotencyKey: () => crypto.randomUUID() });
 
 /**
- * `vps.sandboxes`: sandboxes past their deadline are deleted, warm instances of deleted templates drained, and
+ * `vps.sandboxes`: sandboxes past their deadline are deleted, warm instances of deleted templates drained, old
+ * exec output pruned, and
  * each template's pool brought to its target — one write per template, so one pool that cannot grow (no room)
  * does not hold up the others.
  */
 export async function tendSandboxes(platform: Platform): Promise<void> {
   await platform.write({ actor: "sandboxes" }, (w) => expireSandboxes(w));
   await platform.write({ actor: "sandboxes" }, (w) => drainOrphanedWarm(w));
+  await platform.write({ actor: "sandboxes" }, (w) => pruneExecOutput(w, new Date(w.now.getTime() - EXEC_OUTPUT_KEEP_MS)));
   const ids = await platform.read((sql) => sql.query<{ id: string }>(`SELECT id FROM sandbox_templates ORDER BY id`));
   for (const { id } of ids) {
     const done = await platform.write({ actor: "sandboxes" }, async (w) => {
