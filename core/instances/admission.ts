@@ -3,7 +3,7 @@ import { AppError, notFound } from "../../contracts/errors.ts";
 import { chargeOf, type Shape, shape as shapeSchema } from "../catalog/shapes.ts";
 import { instanceId } from "../kernel/ids.ts";
 import type { Sealer } from "../kernel/seal.ts";
-import { parseInput } from "../kernel/validation.ts";
+import { idempotencyKey, parseInput } from "../kernel/validation.ts";
 import type { Write } from "../kernel/write.ts";
 import type { DriverDeps, Pool } from "../pools/driver.ts";
 import { driverFor } from "../pools/registry.ts";
@@ -25,10 +25,7 @@ const createInput = z.object({
     .optional(),
   projectId: z.string().min(1).optional(),
   desiredState: z.enum(["running", "stopped"]).default("running"),
-  idempotencyKey: z
-    .string()
-    .regex(/^[\x21-\x7e]{1,128}$/, "1 to 128 printable ASCII characters")
-    .optional(),
+  idempotencyKey: idempotencyKey.optional(),
 });
 export type CreateInstanceInput = z.input<typeof createInput>;
 

@@ -1,4 +1,4 @@
-import type { z } from "zod";
+import { z } from "zod";
 import { invalid } from "../../contracts/errors.ts";
 
 /** Parse with zod and turn the first issue into INVALID_INPUT naming the field. */
@@ -9,3 +9,12 @@ export function parseInput<T>(schema: z.ZodType<T>, value: unknown, where = "inp
   const path = [where, ...(issue?.path ?? [])].join(".");
   throw invalid(`${path}: ${issue?.message ?? "invalid"}`, { path });
 }
+
+/** The name of a pool, node, provider account or sandbox template: usable in DNS labels and paths. */
+export const resourceName = z
+  .string()
+  .trim()
+  .regex(/^[a-z0-9][a-z0-9-]{0,62}$/, "1 to 63 lower-case letters, digits and hyphens");
+
+/** A client's idempotency key (instances, sandboxes). */
+export const idempotencyKey = z.string().regex(/^[\x21-\x7e]{1,128}$/, "1 to 128 printable ASCII characters");

@@ -1,17 +1,14 @@
 import { z } from "zod";
 import { AppError, notFound } from "../../contracts/errors.ts";
 import { one, type Sql } from "../kernel/db.ts";
-import { parseInput } from "../kernel/validation.ts";
+import { parseInput, resourceName } from "../kernel/validation.ts";
 import type { Write } from "../kernel/write.ts";
 import type { DriverDeps, Pool, PoolInput } from "./driver.ts";
 import { leasableCount } from "./hosted/ipam.ts";
 import { driverFor } from "./registry.ts";
 
 const poolInput = z.object({
-  name: z
-    .string()
-    .trim()
-    .regex(/^[a-z0-9][a-z0-9-]{0,62}$/, "1 to 63 lower-case letters, digits and hyphens"),
+  name: resourceName,
   class: z.string(),
   ipv4Range: z.string().nullish(),
   ipv4Gateway: z.string().nullish(),

@@ -9,7 +9,7 @@ import { lockInstance, writeChange } from "../instances/changes.ts";
 import { INSTANCE_COLUMNS, type Instance } from "../instances/model.ts";
 import { one, type Sql } from "../kernel/db.ts";
 import { base32 } from "../kernel/ids.ts";
-import { parseInput } from "../kernel/validation.ts";
+import { idempotencyKey, parseInput } from "../kernel/validation.ts";
 import type { Write } from "../kernel/write.ts";
 import { enqueueCommand } from "../pools/hosted/commands.ts";
 import { chargeQuota } from "../tenancy/quota.ts";
@@ -30,10 +30,7 @@ const createInput = z.object({
   templateId: z.string().min(1).nullish(),
   snapshotId: z.string().min(1).nullish(),
   ttlSeconds: z.number().int().min(1).nullish(),
-  idempotencyKey: z
-    .string()
-    .regex(/^[\x21-\x7e]{1,128}$/, "1 to 128 printable ASCII characters")
-    .nullish(),
+  idempotencyKey: idempotencyKey.nullish(),
 });
 export type CreateSandboxInput = z.input<typeof createInput>;
 

@@ -4,7 +4,7 @@ import type { NetworkPolicy } from "../../contracts/host.ts";
 import { type Principal, visibleTo } from "../auth/principal.ts";
 import type { ImageResolver } from "../catalog/images.ts";
 import { one, type Sql } from "../kernel/db.ts";
-import { parseInput } from "../kernel/validation.ts";
+import { parseInput, resourceName } from "../kernel/validation.ts";
 import type { Write } from "../kernel/write.ts";
 import { requirePool } from "../pools/pools.ts";
 import { requireCapability } from "../pools/registry.ts";
@@ -84,10 +84,7 @@ const fields = {
   warm: z.number().int().min(0).max(100),
 };
 const createInput = z.object({
-  name: z
-    .string()
-    .trim()
-    .regex(/^[a-z0-9][a-z0-9-]{0,62}$/, "1 to 63 lower-case letters, digits and hyphens"),
+  name: resourceName,
   ...fields,
   env: fields.env.nullish(),
   network: fields.network.nullish(),

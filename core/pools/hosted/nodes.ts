@@ -2,7 +2,7 @@ import { z } from "zod";
 import { AppError, notFound } from "../../../contracts/errors.ts";
 import { gpuClaim } from "../../catalog/shapes.ts";
 import { one, type Sql } from "../../kernel/db.ts";
-import { parseInput } from "../../kernel/validation.ts";
+import { parseInput, resourceName } from "../../kernel/validation.ts";
 import type { Write } from "../../kernel/write.ts";
 import { requirePool } from "../pools.ts";
 import { requireCapability } from "../registry.ts";
@@ -45,11 +45,6 @@ export async function listNodes(sql: Sql, poolId: string): Promise<Node[]> {
 export async function getNode(sql: Sql, id: string): Promise<Node | undefined> {
   return one<Node>(sql, `SELECT ${NODE_COLUMNS} FROM nodes n WHERE n.id = $1`, [id]);
 }
-
-const nodeName = z
-  .string()
-  .trim()
-  .regex(/^[a-z0-9][a-z0-9-]{0,62}$/, "1 to 63 lower-case letters, digits and hyphens");
 
 export const capacityInput = z.object({
   vcpus: z.number().int().min(0).max(4096),
@@ -96,7 +91,7 @@ export type CapacityInput = z.input<typeof capacityInput>;
 
 /** A node made by hand (no agent yet): its capacity is what the operator says until its agent reports. */
 export async function createNode(w: Write, raw: { poolId: string; name: string; capacity: CapacityInput }): Promise<Node> {
-  const input = parseInput(z.object({ poolId: z.string(), name: nodeName, capacity: capacityInput }), raw);
+  const input = parseInput(z.object({ poolId: z.string(), name: resourceName, capacity: capacityInput }), raw);
   const pool = await requirePool(w.sql, input.poolId);
   requireCapability(pool, "hosts", "adding a node");
   if (await one(w.sql, `SELECT 1 FROM nodes WHERE pool_id = $1 AND name = $2`, [pool.id, input.name]))

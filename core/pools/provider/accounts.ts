@@ -2,7 +2,7 @@ import { z } from "zod";
 import { AppError, invalid, notFound } from "../../../contracts/errors.ts";
 import { one, type Sql } from "../../kernel/db.ts";
 import type { Sealer } from "../../kernel/seal.ts";
-import { parseInput } from "../../kernel/validation.ts";
+import { parseInput, resourceName } from "../../kernel/validation.ts";
 import type { Write } from "../../kernel/write.ts";
 import type { ProviderDefinition, ProviderOffer } from "./contract.ts";
 
@@ -22,11 +22,6 @@ export interface ProviderAccount {
 }
 
 const COLUMNS = `id, name, provider, config, credentials, created_at AS "createdAt"`;
-
-const name = z
-  .string()
-  .trim()
-  .regex(/^[a-z0-9][a-z0-9-]{0,62}$/, "1 to 63 lower-case letters, digits and hyphens");
 
 /** A reference by scheme, or `{ value }` to seal. The messages never repeat what was given. */
 const credential = z.union(
@@ -48,7 +43,7 @@ export async function createProviderAccount(
   deps: { providers: readonly ProviderDefinition[]; sealer: Sealer },
   raw: { name: string; provider: string; config?: unknown; credentials?: unknown },
 ): Promise<ProviderAccount> {
-  const input = parseInput(z.object({ name, provider: z.string(), config: z.unknown().optional(), credentials: z.unknown().optional() }), raw);
+  const input = parseInput(z.object({ name: resourceName, provider: z.string(), config: z.unknown().optional(), credentials: z.unknown().optional() }), raw);
   const { providers } = deps;
   const def = providers.find((p) => p.id === input.provider);
   if (!def)
