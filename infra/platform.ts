@@ -1,5 +1,6 @@
 import { ensureOperatorIdentity, newOperatorToken } from "../core/auth/tokens.ts";
 import { type ImageResolver, tableImages } from "../core/catalog/images.ts";
+import type { AdmissionDeps } from "../core/instances/admission.ts";
 import { type Clock, systemClock } from "../core/kernel/clock.ts";
 import type { Sql } from "../core/kernel/db.ts";
 import { type IdSource, randomIds } from "../core/kernel/ids.ts";
@@ -29,6 +30,8 @@ export interface Platform {
   operatorToken: string | undefined;
   /** What pool drivers need of the deployment. */
   drivers: DriverDeps;
+  /** What admitting an instance needs (a create, a sandbox's instance, a warm one). */
+  admission: AdmissionDeps;
   /** What drivers that converge through an outside API need (provider sessions, pacing): the worker's side. */
   sync: SyncIo;
   /**
@@ -127,6 +130,7 @@ export async function openPlatform(config: Config, opts: PlatformOptions = {}): 
     };
 
   const seal = sealer(sealKey);
+  const drivers: DriverDeps = { images, runtimes: config.vps.runtimes, maxRecreateAttempts: config.hosts.maxRecreateAttempts };
   const read: Platform["read"] = (fn) => db.read(fn);
   const write = writeOn(db);
   const platform: Platform = {
@@ -141,7 +145,8 @@ export async function openPlatform(config: Config, opts: PlatformOptions = {}): 
     log,
     operatorToken,
     dev: embedded,
-    drivers: { images, runtimes: config.vps.runtimes, maxRecreateAttempts: config.hosts.maxRecreateAttempts },
+    drivers,
+    admission: { ...drivers, sealer: seal, newIdempotencyKey: () => crypto.randomUUID() },
     write,
     read,
     sync: {

@@ -141,12 +141,10 @@ builder.mutationFields((t) => ({
     args: { input: t.arg({ type: CreateInstanceInput, required: true }) },
     resolve: (_r, { input }, ctx, info) => {
       const p = requireTenantScope(ctx.principal, "compute:instances:create");
-      const { platform } = ctx;
-      const deps = { ...platform.drivers, sealer: platform.sealer, newIdempotencyKey: () => crypto.randomUUID() };
       return mutate(ctx, info, (w) =>
         admitInstance(
           w,
-          deps,
+          ctx.platform.admission,
           { identityId: p.identityId, tenantId: p.tenantId },
           {
             ...input,

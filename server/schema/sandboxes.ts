@@ -141,7 +141,6 @@ const CreateSandboxInput = builder.inputType("CreateSandboxInput", {
 });
 
 const templateDeps = (ctx: Context) => ({ images: ctx.platform.images, defaultWarmQuota: ctx.platform.config.sandboxes.defaultWarmQuota });
-const admission = (ctx: Context) => ({ ...ctx.platform.drivers, sealer: ctx.platform.sealer, newIdempotencyKey: () => crypto.randomUUID() });
 const asInput = <T>(x: T) => JSON.parse(JSON.stringify(x)) as T;
 
 builder.queryFields((t) => ({
@@ -217,7 +216,7 @@ builder.mutationFields((t) => ({
     args: { input: t.arg({ type: CreateSandboxInput, required: true }) },
     resolve: (_r, { input }, ctx, info) => {
       const who = requireTenantScope(ctx.principal, "compute:sandboxes:write");
-      return mutate(ctx, info, (w) => createSandbox(w, admission(ctx), who, asInput(input)));
+      return mutate(ctx, info, (w) => createSandbox(w, ctx.platform.admission, who, asInput(input)));
     },
   }),
   deleteSandbox: t.field({

@@ -3,8 +3,6 @@ import { type SandboxTemplate, TEMPLATE_COLUMNS } from "../../core/sandboxes/tem
 import { drainOrphanedWarm, expireSandboxes, tendPool } from "../../core/sandboxes/warm.ts";
 import type { Platform } from "../../infra/platform.ts";
 
-const admission = (platform: Platform) => ({ ...platform.drivers, sealer: platform.sealer, newIdempotencyKey: () => crypto.randomUUID() });
-
 /**
  * `vps.sandboxes`: sandboxes past their deadline are deleted, warm instances of deleted templates drained, old
  * exec output pruned, and
@@ -19,7 +17,7 @@ export async function tendSandboxes(platform: Platform): Promise<void> {
   for (const { id } of ids) {
     const done = await platform.write({ actor: "sandboxes" }, async (w) => {
       const [t] = await w.sql.query<SandboxTemplate>(`SELECT ${TEMPLATE_COLUMNS} FROM sandbox_templates WHERE id = $1 FOR UPDATE`, [id]);
-      return t ? tendPool(w, admission(platform), t) : null;
+      return t ? tendPool(w, platform.admission, t) : null;
     });
     if (done?.error) platform.log.info("warm pool short of its target", { templateId: id, ...done });
   }
