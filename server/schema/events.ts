@@ -32,7 +32,8 @@ const InstanceEvent = builder.objectRef<WatchedEvent>("InstanceEvent").implement
   }),
 });
 
-async function watch(ctx: Context, filter: EventFilter, after: string | null | undefined) {
+/** The event feed for a filter, from a cursor (refused when the cursor is ahead of every event). Shared with sandboxEvents. */
+export async function watch(ctx: Context, filter: EventFilter, after: string | null | undefined) {
   if (!ctx.live) throw new AppError("UNSUPPORTED", "subscriptions run over the websocket (graphql-ws) on the same URL");
   const from = after ? parseCursor(after) : null;
   // A cursor no event has reached (the database was restored from a backup, or the cursor is made up) would

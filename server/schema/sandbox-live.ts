@@ -1,13 +1,13 @@
 import { setTimeout as sleep } from "node:timers/promises";
 import { AppError } from "../../contracts/errors.ts";
 import { requireAuth, requireTenantScope } from "../../core/auth/principal.ts";
-import type { WatchedEvent } from "../../core/instances/events.ts";
-import { cursorOf, parseCursor } from "../../core/instances/events.ts";
+import { cursorOf, type EventFilter, type WatchedEvent } from "../../core/instances/events.ts";
 import { readExec, requestExec } from "../../core/sandboxes/exec.ts";
 import { getSandbox, sandboxState } from "../../core/sandboxes/sandboxes.ts";
 import type { Context } from "../context.ts";
 import { toClientError } from "../errors.ts";
 import { builder } from "./builder.ts";
+import { watch } from "./events.ts";
 import { Sandbox, SandboxState } from "./sandboxes.ts";
 
 /** Sandboxes live: exec output as it comes, and sandbox events resumable by cursor (like instanceEvents). */
@@ -87,19 +87,15 @@ const SandboxEvent = builder.objectRef<SandboxEventRow>("SandboxEvent").implemen
 
 /** Checks first (so a refusal is the subscription's error, not its stream's), then the stream. */
 async function sandboxEvents(ctx: Context, sandboxId: string | null, after: string | null | undefined): Promise<AsyncGenerator<SandboxEventRow>> {
-  if (!ctx.live) throw new AppError("UNSUPPORTED", "subscriptions run over the websocket (graphql-ws) on the same URL");
   const who = requireAuth(ctx.principal);
   if (!who.operator) requireTenantScope(who, "compute:sandboxes:read");
-  let filter: { instanceId: string } | { tenantId: string } | Record<string, never>;
+  let filter: EventFilter = who.operator ? {} : { tenantId: who.tenantId as string };
   if (sandboxId) {
     const s = await ctx.platform.read((sql) => getSandbox(sql, who, sandboxId));
     if (!s) throw new AppError("NOT_FOUND", `sandbox ${sandboxId} not found`);
     filter = { instanceId: s.instanceId };
-  } else filter = who.operator ? {} : { tenantId: who.tenantId as string };
-  const from = after ? parseCursor(after) : null;
-  if (from !== null && (await ctx.live.hub.isAhead(from)))
-    throw new AppError("PRECONDITION_FAILED", `cursor ${after} is ahead of the newest event`, { cursor: "ahead" });
-  const events = ctx.live.hub.watch(ctx.live.conn, filter, from);
+  }
+  const events = await watch(ctx, filter, after);
   // Instance events of sandboxes only: a warm instance's life before its claim is the operator's, not a sandbox's.
   return (async function* () {
     for await (const event of events) if (event.instance.sandboxId) yield { event };

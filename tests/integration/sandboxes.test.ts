@@ -16,9 +16,11 @@ import {
   DeleteSandboxTemplateDocument,
   ExtendSandboxDocument,
   InstanceDocument,
+  InstanceEventsCursorDocument,
   InstancesDocument,
   ResizeInstanceDocument,
   SandboxDocument,
+  SandboxEventsDocument,
   SandboxExecDocument,
   type SandboxExecSubscription,
   type SandboxExecSubscriptionVariables,
@@ -150,6 +152,44 @@ describe("sandboxes", () => {
       sql.query<{ reason: string }>(`SELECT reason FROM instance_events WHERE instance_id = $1`, [s.instance.id]),
     );
     expect(reasons.map((r) => r.reason)).toContain("sandbox:ttl");
+  });
+});
+
+describe("sandbox events", () => {
+  it("stream a sandbox's changes from a cursor, resumable with nothing missed or repeated, and only sandboxes'", async () => {
+    const tpl = await template();
+    const after = (await t.client.request(InstanceEventsCursorDocument)).instanceEventsCursor;
+    const { createSandbox: s } = await t.client.request(CreateSandboxDocument, { input: { templateId: tpl.id } });
+    const ws = await createWsClient({ url: hosts.h.url, token: t.token, retryAttempts: 0 });
+    try {
+      const read = async (from: string, until: (e: { state: string }) => boolean) => {
+        const seen: { cursor: string; sandboxId: string; state: string; instanceState: string }[] = [];
+        for await (const m of ws.subscribe(SandboxEventsDocument, { after: from })) {
+          seen.push(m.sandboxEvents);
+          if (until(m.sandboxEvents)) break;
+        }
+        return seen;
+      };
+      const all = await read(after, (e) => e.state === "RUNNING");
+      expect(all.every((e) => e.sandboxId === s.id)).toBe(true);
+      expect(all.map((e) => e.instanceState)).toEqual(["pending", "scheduling", "provisioning", "starting", "running"]);
+      const resumed = await read(all[1]?.cursor as string, (e) => e.state === "RUNNING");
+      expect(resumed.map((e) => e.cursor)).toEqual(all.slice(2).map((e) => e.cursor));
+      const other = await hosts.h.tenant();
+      const ows = await createWsClient({ url: hosts.h.url, token: other.token, retryAttempts: 0 });
+      try {
+        const refused = (async () => {
+          for await (const _ of ows.subscribe(SandboxEventsDocument, { sandboxId: s.id })) void _;
+        })();
+        await expect(refused).rejects.toMatchObject({ code: "NOT_FOUND" });
+      } finally {
+        await ows.dispose();
+      }
+    } finally {
+      await ws.dispose();
+    }
+    await t.client.request(DeleteSandboxDocument, { id: s.id });
+    await t.client.request(DeleteSandboxTemplateDocument, { id: tpl.id });
   });
 });
 
