@@ -22,6 +22,10 @@ export type Step =
 export const PROVIDER_ERROR = "ProviderError";
 
 const withoutProviderErrors = (c: readonly Condition[]) => c.filter((x) => x.type !== PROVIDER_ERROR);
+
+/** The change that clears an instance's ProviderError conditions, if it has any. */
+export const clearedProviderErrors = (inst: Pick<Instance, "conditions">) =>
+  inst.conditions.some((c) => c.type === PROVIDER_ERROR) ? { conditions: withoutProviderErrors(inst.conditions) } : {};
 const sameAddresses = (a: readonly string[], b: readonly string[]) => a.length === b.length && a.every((x, i) => x === b[i]);
 
 /** A non-transient provider failure waits for its owner (a start is a retry), except on the way out. */
@@ -31,7 +35,7 @@ export function blocked(inst: Instance): boolean {
 
 export function plan(inst: Instance, machine: Machine | null): Step {
   const m = machine;
-  const clear = inst.conditions.some((c) => c.type === PROVIDER_ERROR) ? { conditions: withoutProviderErrors(inst.conditions) } : {};
+  const clear = clearedProviderErrors(inst);
   const seen = m ? { external_id: m.externalId, ...(sameAddresses(m.addresses, inst.addresses) ? {} : { addresses: m.addresses }) } : {};
   const to = (state: Instance["state"], reason: string, extra: InstanceSet = {}): Step => ({
     kind: "change",

@@ -4,7 +4,7 @@ import { canTransition } from "../../instances/state.ts";
 import { one } from "../../kernel/db.ts";
 import type { SyncIo } from "../driver.ts";
 import { isProviderError, type Machine, ProviderError, type ProviderSession } from "./contract.ts";
-import { blocked, PROVIDER_ERROR, plan } from "./plan.ts";
+import { blocked, clearedProviderErrors, PROVIDER_ERROR, plan } from "./plan.ts";
 
 /** Looks and calls per run: enough to walk pending → running when the provider is quick, bounded otherwise. */
 const MAX_STEPS = 12;
@@ -55,7 +55,10 @@ export async function syncProviderInstance(io: SyncIo, instanceId: string): Prom
           if (!made) return later(io, instanceId, session); // another run is creating it
           const next = await change(io, inst.id, (cur) =>
             cur.state === "scheduling" && !cur.externalId
-              ? { set: { state: "provisioning", external_id: made.externalId, addresses: made.addresses, ...cleared(cur) }, reason: "provider:created" }
+              ? {
+                  set: { state: "provisioning", external_id: made.externalId, addresses: made.addresses, ...clearedProviderErrors(cur) },
+                  reason: "provider:created",
+                }
               : null,
           );
           if (!next) return 0;
@@ -122,9 +125,6 @@ async function withCreateLease<T>(io: SyncIo, id: string, fn: () => Promise<T>):
     await io.write({ actor: "reconciler" }, (w) => w.sql.query(`UPDATE instances SET create_lease_until = NULL WHERE id = $1`, [id]));
   }
 }
-
-const cleared = (inst: Instance) =>
-  inst.conditions.some((c) => c.type === PROVIDER_ERROR) ? { conditions: inst.conditions.filter((c) => c.type !== PROVIDER_ERROR) } : {};
 
 /** What the reconciler asks the provider to make for an instance (exported for the crash-and-adopt test). */
 export async function createRequest(io: Pick<SyncIo, "sealer">, inst: Instance) {
