@@ -1,5 +1,6 @@
 import { z } from "zod";
 import { AppError, notFound } from "../../contracts/errors.ts";
+import type { NetworkPolicy } from "../../contracts/host.ts";
 import { chargeOf, type Shape, shape as shapeSchema } from "../catalog/shapes.ts";
 import { instanceId } from "../kernel/ids.ts";
 import type { Sealer } from "../kernel/seal.ts";
@@ -57,6 +58,14 @@ export interface AdmitOptions {
   desiredState?: "running" | "stopped" | "paused";
   /** Place it on this node only (a restore from a snapshot that node holds). */
   onlyNodeId?: string;
+  /** What a sandbox's (or a warm pool's) instance carries beyond a plain one, written with its row. */
+  sandbox?: {
+    sandboxId?: string;
+    warmTemplate?: { id: string; version: number };
+    env: Record<string, string>;
+    networkPolicy: NetworkPolicy | null;
+    restoreFrom?: { instanceId: string; snapshotId: string };
+  };
 }
 
 export async function admitInstance(w: Write, deps: AdmissionDeps, caller: Caller, raw: CreateInstanceInput, opts: AdmitOptions = {}): Promise<Instance> {
@@ -115,9 +124,10 @@ export async function admitInstance(w: Write, deps: AdmissionDeps, caller: Calle
     `WITH i AS (
        INSERT INTO instances (id, tenant_id, pool_id, project_id, owner_identity_id, idempotency_key, request_hash, flavor, vcpus,
          memory_mib, disk_gib, gpus, image_id, image_url, image_sha256, image_format, image_verified, ssh_keys, user_data_sealed,
-         runtime, state, desired_state, node_id, allocation_id, addresses, charge, offer, version, created_at, updated_at)
+         runtime, state, desired_state, node_id, allocation_id, addresses, charge, offer, sandbox_id, warm_template_id, warm_template_version, env,
+         network_policy, restore_from, version, created_at, updated_at)
        VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12::jsonb, $13, $14, $15, $16, $17, $18::text[], $19, $20, 'pending', $21,
-         $22, $23, $24::text[], $25::jsonb, $27, 1, $26, $26)
+         $22, $23, $24::text[], $25::jsonb, $27, $28, $29, $30, $31::jsonb, $32::jsonb, $33::jsonb, 1, $26, $26)
        RETURNING *),
      e AS (
        INSERT INTO instance_events (instance_id, tenant_id, pool_id, project_id, from_state, to_state, desired_state, reason, actor, version, at)
@@ -151,6 +161,12 @@ export async function admitInstance(w: Write, deps: AdmissionDeps, caller: Calle
       JSON.stringify(charge),
       w.now,
       placed.offer ?? null,
+      opts.sandbox?.sandboxId ?? null,
+      opts.sandbox?.warmTemplate?.id ?? null,
+      opts.sandbox?.warmTemplate?.version ?? null,
+      JSON.stringify(opts.sandbox?.env ?? {}),
+      opts.sandbox?.networkPolicy ? JSON.stringify(opts.sandbox.networkPolicy) : null,
+      opts.sandbox?.restoreFrom ? JSON.stringify(opts.sandbox.restoreFrom) : null,
     ],
   );
   const { eventId, ...instance } = row as Instance & { eventId: string };

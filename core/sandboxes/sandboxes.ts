@@ -71,16 +71,21 @@ export async function createSandbox(w: Write, deps: AdmissionDeps, who: Principa
 
   const inst = (await claimWarm(w, t, who, id)) ?? (await bootCold(w, deps, t, who, id, key));
   const warm = inst.claimedAt !== null;
-  const expiresAt = new Date(w.now.getTime() + ttl * 1000);
-  const [row] = await w.sql.query<Sandbox>(
-    `INSERT INTO sandboxes AS s (id, tenant_id, owner_identity_id, template_id, template_version, instance_id, idempotency_key, request_hash,
-       ttl_seconds, max_ttl_seconds, expires_at, warm, created_at)
-     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13) RETURNING ${SANDBOX_COLUMNS}`,
-    [id, who.tenantId, who.identityId, t.id, t.version, inst.id, key, requestHash, ttl, t.maxTtlSeconds, expiresAt, warm, w.now],
-  );
-  const sandbox = row as Sandbox;
+  const sandbox = await insertSandbox(w, {
+    id,
+    tenantId: who.tenantId,
+    ownerIdentityId: who.identityId,
+    templateId: t.id,
+    templateVersion: t.version,
+    fromSnapshotId: null,
+    instanceId: inst.id,
+    idempotencyKey: key,
+    requestHash,
+    ttlSeconds: ttl,
+    maxTtlSeconds: t.maxTtlSeconds,
+    warm,
+  });
   w.audit({ targetId: id, tenantId: who.tenantId, details: { templateId: t.id, version: t.version, instanceId: inst.id, warm } });
-  w.deadline(id, expiresAt);
   // A claim leaves the pool one short: the reconciler boots its replacement — a moment later, so the boot's
   // writes and events do not queue ahead of the claimed guest's resume and its RUNNING event.
   if (warm) w.wakeSandboxes(REFILL_DELAY_MS);
@@ -108,38 +113,55 @@ async function restoreSandbox(
     deps,
     { identityId: who.identityId, tenantId: who.tenantId },
     { poolId: src.poolId, flavor: src.flavor, imageId: src.imageId, idempotencyKey: `sandbox:${r.key}` },
-    { audit: false, onlyNodeId: snap.nodeId },
+    {
+      audit: false,
+      onlyNodeId: snap.nodeId,
+      sandbox: { sandboxId: r.id, env: src.env, networkPolicy: src.networkPolicy, restoreFrom: { instanceId: src.id, snapshotId: snap.id } },
+    },
   );
-  await w.sql.query(`UPDATE instances SET sandbox_id = $2, env = $3::jsonb, network_policy = $4::jsonb, restore_from = $5::jsonb WHERE id = $1`, [
-    admitted.id,
-    r.id,
-    JSON.stringify(src.env),
-    src.networkPolicy === null ? null : JSON.stringify(src.networkPolicy),
-    JSON.stringify({ instanceId: src.id, snapshotId: snap.id }),
-  ]);
-  const expiresAt = new Date(w.now.getTime() + ttl * 1000);
+  const sandbox = await insertSandbox(w, {
+    id: r.id,
+    tenantId: who.tenantId,
+    ownerIdentityId: who.identityId,
+    templateId: from.templateId,
+    templateVersion: from.templateVersion,
+    fromSnapshotId: snap.id,
+    instanceId: admitted.id,
+    idempotencyKey: r.key,
+    requestHash: r.requestHash,
+    ttlSeconds: ttl,
+    maxTtlSeconds: from.maxTtlSeconds,
+    warm: false,
+  });
+  w.audit({ targetId: r.id, tenantId: who.tenantId, details: { snapshotId: snap.id, from: from.id, instanceId: admitted.id, nodeId: snap.nodeId } });
+  return sandbox;
+}
+
+/** The sandbox row, its deadline `ttlSeconds` from now, and the wake-up at that deadline. */
+async function insertSandbox(w: Write, s: Omit<Sandbox, "expiresAt" | "createdAt">): Promise<Sandbox> {
+  const expiresAt = new Date(w.now.getTime() + s.ttlSeconds * 1000);
   const [row] = await w.sql.query<Sandbox>(
     `INSERT INTO sandboxes AS s (id, tenant_id, owner_identity_id, template_id, template_version, from_snapshot_id, instance_id, idempotency_key,
        request_hash, ttl_seconds, max_ttl_seconds, expires_at, warm, created_at)
-     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, false, $13) RETURNING ${SANDBOX_COLUMNS}`,
+     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14) RETURNING ${SANDBOX_COLUMNS}`,
     [
-      r.id,
-      who.tenantId,
-      who.identityId,
-      from.templateId,
-      from.templateVersion,
-      snap.id,
-      admitted.id,
-      r.key,
-      r.requestHash,
-      ttl,
-      from.maxTtlSeconds,
+      s.id,
+      s.tenantId,
+      s.ownerIdentityId,
+      s.templateId,
+      s.templateVersion,
+      s.fromSnapshotId,
+      s.instanceId,
+      s.idempotencyKey,
+      s.requestHash,
+      s.ttlSeconds,
+      s.maxTtlSeconds,
       expiresAt,
+      s.warm,
       w.now,
     ],
   );
-  w.audit({ targetId: r.id, tenantId: who.tenantId, details: { snapshotId: snap.id, from: from.id, instanceId: admitted.id, nodeId: snap.nodeId } });
-  w.deadline(r.id, expiresAt);
+  w.deadline(s.id, expiresAt);
   return row as Sandbox;
 }
 
@@ -171,19 +193,14 @@ async function claimWarm(w: Write, t: SandboxTemplate, who: Principal & { tenant
   );
 }
 
-async function bootCold(w: Write, deps: AdmissionDeps, t: SandboxTemplate, who: Principal & { tenantId: string }, sbx: string, key: string) {
-  const inst = await admitInstance(
+function bootCold(w: Write, deps: AdmissionDeps, t: SandboxTemplate, who: Principal & { tenantId: string }, sbx: string, key: string) {
+  return admitInstance(
     w,
     deps,
     { identityId: who.identityId, tenantId: who.tenantId },
     { poolId: t.poolId, flavor: t.flavor, imageId: t.imageId, idempotencyKey: `sandbox:${key}` },
-    { audit: false },
+    { audit: false, sandbox: { sandboxId: sbx, env: envOf(t), networkPolicy: t.network } },
   );
-  const [row] = await w.sql.query<Instance>(
-    `UPDATE instances SET sandbox_id = $2, env = $3::jsonb, network_policy = $4::jsonb WHERE id = $1 RETURNING ${INSTANCE_COLUMNS}`,
-    [inst.id, sbx, JSON.stringify(envOf(t)), JSON.stringify(t.network)],
-  );
-  return row as Instance;
 }
 
 /** Delete: its instance goes (the event's reason says why: `sandbox:deleted`, `sandbox:ttl`). Again: nothing. */

@@ -38,29 +38,22 @@ export async function tendPool(w: Write, deps: AdmissionDeps, t: SandboxTemplate
   );
   const current = live.filter((i) => i.version === t.version);
   const drain = [...live.filter((i) => i.version !== t.version), ...current.slice(0, Math.max(0, current.length - t.warmTarget))];
-  // Locked one by one, only those drained: a claim must not find the whole pool locked by its keeper. One
-  // claimed meanwhile is left to its sandbox.
-  for (const d of drain) {
-    const inst = await lockInstance(w, null, d.id);
-    if (inst.claimedAt === null && inst.desiredState !== "deleted") await writeChange(w, inst, { desired_state: "deleted" }, "warm:drain");
-  }
+  await drainWarm(w, drain);
   let booted = 0;
   try {
     for (let n = current.length; n < t.warmTarget; n++) {
-      const inst = await admitInstance(
+      await admitInstance(
         w,
         deps,
         { identityId: t.createdBy, tenantId: t.tenantId },
         { poolId: t.poolId, flavor: t.flavor, imageId: t.imageId, idempotencyKey: `warm:${t.id}:${randomUUID()}` },
-        { charge: false, audit: false, desiredState: "paused" },
+        {
+          charge: false,
+          audit: false,
+          desiredState: "paused",
+          sandbox: { warmTemplate: { id: t.id, version: t.version }, env: envOf(t), networkPolicy: t.network },
+        },
       );
-      await w.sql.query(`UPDATE instances SET warm_template_id = $2, warm_template_version = $3, env = $4::jsonb, network_policy = $5::jsonb WHERE id = $1`, [
-        inst.id,
-        t.id,
-        t.version,
-        JSON.stringify(envOf(t)),
-        JSON.stringify(t.network),
-      ]);
       booted++;
     }
   } catch (e) {
@@ -71,16 +64,24 @@ export async function tendPool(w: Write, deps: AdmissionDeps, t: SandboxTemplate
   return { booted, drained: drain.length };
 }
 
+/**
+ * Delete warm instances, locked one by one: a claim must not find the whole pool locked by its keeper, and one
+ * claimed meanwhile is left to its sandbox.
+ */
+async function drainWarm(w: Write, ids: readonly { id: string }[]): Promise<void> {
+  for (const { id } of ids) {
+    const inst = await lockInstance(w, null, id);
+    if (inst.claimedAt === null && inst.desiredState !== "deleted") await writeChange(w, inst, { desired_state: "deleted" }, "warm:drain");
+  }
+}
+
 /** Warm instances whose template is gone are drained. */
 export async function drainOrphanedWarm(w: Write): Promise<number> {
   const rows = await w.sql.query<{ id: string }>(
     `SELECT i.id FROM instances i WHERE i.warm_template_id IS NOT NULL AND i.claimed_at IS NULL AND i.desired_state <> 'deleted'
         AND NOT EXISTS (SELECT 1 FROM sandbox_templates t WHERE t.id = i.warm_template_id)`,
   );
-  for (const r of rows) {
-    const inst = await lockInstance(w, null, r.id);
-    if (inst.claimedAt === null && inst.desiredState !== "deleted") await writeChange(w, inst, { desired_state: "deleted" }, "warm:drain");
-  }
+  await drainWarm(w, rows);
   return rows.length;
 }
 
