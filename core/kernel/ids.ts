@@ -47,10 +47,12 @@ export const randomIds: IdSource = (kind) => `${kind}_${base32(randomBytes(16))}
  * the same primary key: the database, not a cache, is what makes creates idempotent. 32 bytes → 52 chars.
  */
 export function instanceId(tenantId: string, callerId: string, idempotencyKey: string): string {
-  const digest = createHash("sha256")
-    .update(JSON.stringify([tenantId, callerId, idempotencyKey]))
-    .digest();
-  return `inst_${base32(digest)}`;
+  return derivedId("inst", [tenantId, callerId, idempotencyKey]);
+}
+
+/** An id that is a pure function of `parts` (SHA-256, base32, `chars` long): how idempotent creates find their row. */
+export function derivedId(prefix: string, parts: readonly string[], chars = 52): string {
+  return `${prefix}_${base32(createHash("sha256").update(JSON.stringify(parts)).digest()).slice(0, chars)}`;
 }
 
 export const sha256Hex = (data: string | Uint8Array) => createHash("sha256").update(data).digest("hex");

@@ -1,4 +1,3 @@
-import { createHash, randomUUID } from "node:crypto";
 import { z } from "zod";
 import { AppError, invalid, notFound } from "../../contracts/errors.ts";
 import type { Principal } from "../auth/principal.ts";
@@ -8,7 +7,7 @@ import { type AdmissionDeps, admitInstance } from "../instances/admission.ts";
 import { lockInstance, writeChange } from "../instances/changes.ts";
 import { INSTANCE_COLUMNS, type Instance } from "../instances/model.ts";
 import { one, type Sql } from "../kernel/db.ts";
-import { base32 } from "../kernel/ids.ts";
+import { derivedId } from "../kernel/ids.ts";
 import { idempotencyKey, parseInput } from "../kernel/validation.ts";
 import type { Write } from "../kernel/write.ts";
 import { enqueueCommand } from "../pools/hosted/commands.ts";
@@ -37,13 +36,7 @@ export type CreateSandboxInput = z.input<typeof createInput>;
 const REFILL_DELAY_MS = 500;
 
 /** Like instance ids: who asked and their key decide the id, so a replayed create lands on the same row. */
-function sandboxId(tenantId: string, callerId: string, key: string): string {
-  return `sbx_${base32(
-    createHash("sha256")
-      .update(JSON.stringify(["sandbox", tenantId, callerId, key]))
-      .digest(),
-  ).slice(0, 32)}`;
-}
+const sandboxId = (tenantId: string, callerId: string, key: string) => derivedId("sbx", ["sandbox", tenantId, callerId, key], 32);
 
 /** Environment as the host spec carries it. */
 export const envOf = (t: Pick<SandboxTemplate, "env">) => Object.fromEntries(t.env.map((e) => [e.name, e.value]));
@@ -51,11 +44,10 @@ export const envOf = (t: Pick<SandboxTemplate, "env">) => Object.fromEntries(t.e
 export async function createSandbox(w: Write, deps: AdmissionDeps, who: Principal & { tenantId: string }, raw: CreateSandboxInput): Promise<Sandbox> {
   const input = parseInput(createInput, raw);
   if (!input.templateId === !input.snapshotId) throw invalid("input: name a templateId or a snapshotId", { path: "input.templateId" });
-  const key = input.idempotencyKey ?? randomUUID();
+  const key = input.idempotencyKey ?? deps.newIdempotencyKey();
   const id = sandboxId(who.tenantId, who.identityId, key);
-  const requestHash = createHash("sha256")
-    .update(JSON.stringify([input.templateId ?? null, input.snapshotId ?? null, input.ttlSeconds ?? null]))
-    .digest("hex");
+  // Keyed like instances' request hashes (core/instances/admission.ts), so both columns read the same way.
+  const requestHash = deps.sealer.digest(JSON.stringify([input.templateId ?? null, input.snapshotId ?? null, input.ttlSeconds ?? null]), id);
   await w.sql.query(`SELECT pg_advisory_xact_lock(hashtextextended($1, 0))`, [id]);
   const existing = await one<Sandbox>(w.sql, `SELECT ${SANDBOX_COLUMNS} FROM sandboxes s WHERE s.id = $1`, [id]);
   if (existing) {
