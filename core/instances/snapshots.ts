@@ -137,16 +137,16 @@ export async function settleCommands(w: Write, inst: Instance): Promise<Instance
 }
 
 /**
- * A host's final word on a resume is settled in the report's own transaction (a warm claim waits on it): the
- * instance is locked before the command, in the reconciler's order.
+ * A host's report on one of its commands. A final one is settled into its instance in the report's own
+ * transaction (a warm claim waits on its resume; a snapshot is ready as soon as its host says so); the instance
+ * is locked before the command, in the reconciler's order. The reconciler still settles whatever this misses.
  */
-export async function recordResumeReport(w: Write, nodeId: string, report: CommandReport): Promise<HostCommandRow | null> {
-  const cmd = await one<{ kind: string; instanceId: string | null }>(
-    w.sql,
-    `SELECT kind, instance_id AS "instanceId" FROM host_commands WHERE id = $1 AND node_id = $2`,
-    [report.id, nodeId],
-  );
-  if (cmd?.kind !== "instance.resume" || !cmd.instanceId || report.state === "running") return null;
+export async function recordHostReport(w: Write, nodeId: string, report: CommandReport): Promise<HostCommandRow> {
+  const cmd = await one<{ instanceId: string | null }>(w.sql, `SELECT instance_id AS "instanceId" FROM host_commands WHERE id = $1 AND node_id = $2`, [
+    report.id,
+    nodeId,
+  ]);
+  if (report.state === "running" || !cmd?.instanceId) return recordCommandReport(w, nodeId, report);
   const inst = await lockInstance(w, null, cmd.instanceId);
   const row = await recordCommandReport(w, nodeId, report);
   await settleCommands(w, inst);

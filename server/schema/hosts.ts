@@ -2,9 +2,9 @@ import { z } from "zod";
 import type { Channels } from "../../contracts/channels.ts";
 import { commandReport, execChunk, statusReport } from "../../contracts/host.ts";
 import { requireNode, requireOperator } from "../../core/auth/principal.ts";
-import { recordResumeReport } from "../../core/instances/snapshots.ts";
+import { recordHostReport } from "../../core/instances/snapshots.ts";
 import { parseInput } from "../../core/kernel/validation.ts";
-import { commandsForNode, recordCommandReport } from "../../core/pools/hosted/commands.ts";
+import { commandsForNode } from "../../core/pools/hosted/commands.ts";
 import { createJoinToken, joinNode } from "../../core/pools/hosted/enrollment.ts";
 import { declareNodeGone } from "../../core/pools/hosted/nodes.ts";
 import { recordReport } from "../../core/pools/hosted/reports.ts";
@@ -86,7 +86,7 @@ builder.mutationFields((t) => ({
     resolve: (_r, { report }, ctx, info) => {
       const nodeId = requireNode(ctx.principal);
       const parsed = parseInput(commandReport, report, "report");
-      return mutate(ctx, info, async (w) => (await recordResumeReport(w, nodeId, parsed)) ?? recordCommandReport(w, nodeId, parsed));
+      return mutate(ctx, info, (w) => recordHostReport(w, nodeId, parsed));
     },
   }),
   reportExecOutput: t.field({
