@@ -48,8 +48,12 @@ export interface ProviderEmulator {
   destroyBehindBack(externalId: string): void;
   /** Power a machine off behind the platform's back. */
   powerOffBehindBack(externalId: string): void;
-  /** Make a machine labelled as `managedBy`'s for an instance id (an orphan when no live instance has it). */
-  plant(instanceId: string, managedBy: string): Promise<string>;
+  /**
+   * Make a machine labelled as `managedBy`'s for an instance id (an orphan when no live instance has it). With
+   * `reuse`, it takes that machine id, replacing the machine that had it, as Proxmox VE does with a VMID freed
+   * by a destroy: an id the platform recorded may come to name someone else's machine.
+   */
+  plant(instanceId: string, managedBy: string, reuse?: string): Promise<string>;
   /** Requests served so far. */
   requests(): number;
   close(): Promise<void>;

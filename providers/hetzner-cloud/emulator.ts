@@ -192,14 +192,21 @@ export async function startHetznerEmulator(opts: EmulatorOptions = {}): Promise<
       const s = world.servers.get(Number(externalId));
       if (s) s.status = "off";
     },
-    async plant(instanceId, managedBy) {
+    async plant(instanceId, managedBy, reuse) {
       const names = new Set([...world.servers.values()].map((s) => s.name));
       let name: string;
       do name = `planted-${++planted}`;
       while (names.has(name));
       const [type, location, image] = [SERVER_TYPES[0]!, LOCATIONS[0]!, IMAGES[0]!];
       const labels = { "bc-instance": instanceId, "bc-managed-by": managedBy };
-      return String(world.addServer({ name, labels, type, location, image }, { ipv4: true, ipv6: true }, "running").id);
+      const s = world.addServer({ name, labels, type, location, image }, { ipv4: true, ipv6: true }, "running");
+      if (reuse !== undefined) {
+        // Hetzner Cloud never reuses a server id; the emulator can, to test what a provider that does would do.
+        world.servers.delete(s.id);
+        s.id = Number(reuse);
+        world.servers.set(s.id, s);
+      }
+      return String(s.id);
     },
     requests: () => served,
     async close() {

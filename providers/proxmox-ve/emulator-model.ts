@@ -257,8 +257,8 @@ export class PveModel {
   }
 
   /** A running VM labelled as a create of ours would label it, made outside any create (an orphan, or another deployment's). */
-  plant(instanceId: string, managedBy: string): number {
-    const vmid = this.freeVmid();
+  plant(instanceId: string, managedBy: string, reuse?: number): number {
+    const vmid = reuse ?? this.freeVmid();
     this.vms.set(vmid, {
       vmid,
       status: "running",

@@ -223,7 +223,7 @@ export async function startProxmoxEmulator(opts: EmulatorOptions = {}): Promise<
         delete vm.startedAt;
       }
     },
-    plant: async (instanceId, managedBy) => String(model.plant(instanceId, managedBy)),
+    plant: async (instanceId, managedBy, reuse) => String(model.plant(instanceId, managedBy, reuse === undefined ? undefined : Number(reuse))),
     requests: () => served,
     close: async () => {
       model.close();

@@ -147,6 +147,20 @@ describe.each(Object.keys(emulators))("provider %s", (provider) => {
     await waitFor(a.id, "DELETED");
   });
 
+  it("takes a recorded id the provider gave to another machine as its machine gone, and deletes nothing of the other's", async () => {
+    const a = await createProviderInstance(t.client, pool);
+    await waitFor(a.id, "RUNNING");
+    const externalId = (await instanceOf(t.client, a.id)).externalId as string;
+    // Ours destroyed behind our back and its id reused at once, for a machine of another deployment.
+    const other = "inst_cccccccccccccccccccccccccccccccccccccccccccccccccccc";
+    expect(await emu.plant(other, "someone-else", externalId)).toBe(externalId);
+    await waitFor(a.id, "LOST");
+    await t.client.request(DeleteInstanceDocument, { id: a.id });
+    await waitFor(a.id, "DELETED");
+    expect(machineOf(externalId)?.instanceId).toBe(other);
+    emu.destroyBehindBack(externalId);
+  });
+
   it("classifies failures: only transient ones are retried, the others wait in error for a start", async () => {
     emu.failNext("create", "transient", 2);
     const retried = await createProviderInstance(t.client, pool);

@@ -53,10 +53,15 @@ export async function sweepAccount(io: SyncIo, accountId: string, graceMs: numbe
 
   let removed = 0;
   for (const d of due) {
-    await session.delete(d.externalId);
+    // The list above may be a moment old, and a provider that reuses ids may have given this one to a machine
+    // made since (for a live instance): delete only the machine that was seen orphaned, and only once.
+    const now = await session.get(d.externalId);
+    const still = now !== null && now.instanceId === d.instanceId && now.status !== "deleting";
+    if (still) await session.delete(d.externalId);
     await io.write({ actor: "providers" }, (w) =>
       w.sql.query(`DELETE FROM provider_orphans WHERE account_id = $1 AND external_id = $2`, [accountId, d.externalId]),
     );
+    if (!still) continue;
     io.log.warn("removed an orphan provider machine", { accountId, externalId: d.externalId, instanceId: d.instanceId });
     removed++;
   }
@@ -64,9 +69,9 @@ export async function sweepAccount(io: SyncIo, accountId: string, graceMs: numbe
 }
 
 /**
- * A machine changes behind our back (deleted, powered off in the provider's console) while its instance rests:
- * instances of this account whose machine is missing from the list, or not in the power state they record,
- * are woken so their reconciler looks (and moves them to lost, or stopped).
+ * A machine changes behind our back (deleted, powered off in the provider's console, its id reused) while its
+ * instance rests: instances of this account whose machine is missing from the list, labelled for another
+ * instance, or not in the power state they record, are woken so their reconciler looks (and moves them to lost, or stopped).
  */
 async function wakeDrifted(io: SyncIo, accountId: string, machines: readonly Machine[]): Promise<void> {
   const byExternal = new Map(machines.map((m) => [m.externalId, m]));
@@ -78,7 +83,7 @@ async function wakeDrifted(io: SyncIo, accountId: string, machines: readonly Mac
     );
     for (const i of live) {
       const m = byExternal.get(i.externalId);
-      if (!m || (m.status === "running") !== (i.state === "running")) w.wake(i.id);
+      if (!m || m.instanceId !== i.id || (m.status === "running") !== (i.state === "running")) w.wake(i.id);
     }
   });
 }

@@ -42,6 +42,9 @@ export async function syncProviderInstance(io: SyncIo, instanceId: string): Prom
     let machine: Machine | null;
     try {
       machine = inst.externalId ? await session.get(inst.externalId) : await session.find(inst.id);
+      // A provider that reuses ids (Proxmox VE's VMIDs) may have given the recorded one to another machine since
+      // ours went: that machine is someone else's, and this instance's is gone.
+      if (machine && machine.instanceId !== inst.id) machine = null;
     } catch (e) {
       return failed(io, inst, e, session);
     }
