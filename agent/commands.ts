@@ -26,6 +26,7 @@ export type { CommandJournal };
 
 const DAY_MS = 24 * 60 * 60 * 1000;
 type ExecCommand = Extract<HostCommand, { kind: "instance.exec" }>;
+type ResumeCommand = Extract<HostCommand, { kind: "instance.resume" }>;
 type Outcome = Pick<CommandJournal, "state" | "result" | "error">;
 /** Why an exec found running in a journal at start is not run again: its output so far is lost. */
 export const EXEC_INTERRUPTED = "the agent restarted while the command ran";
@@ -36,10 +37,10 @@ const messageOf = (e: unknown) => (e instanceof Error ? e.message : String(e)).s
 
 /**
  * Runs host commands (contracts/host.ts): at most once per id, across agent restarts, through a journal file
- * per command. A command is journalled `running` before anything is done, so a snapshot or restore the agent
- * died in is run again (the runtime's operations are idempotent by snapshot id); an exec is not (running a
- * command twice is not harmless, and its output is lost): it is reported failed. A finished one only has its
- * final report sent again. Reports are sent with retries that never hold up another command or the command's
+ * per command (a resume, harmless to repeat, goes without: see `resume`). A command is journalled `running`
+ * before anything is done, so a snapshot or restore the agent died in is run again (the runtime's operations
+ * are idempotent by snapshot id); an exec is not (running a command twice is not harmless, and its output is
+ * lost): it is reported failed. A finished one only has its final report sent again. Reports are sent with retries that never hold up another command or the command's
  * own work; an exec's output goes the same way, all of it before its final report.
  *
  * Snapshot and restore hold their instance's lock while they run. An exec does not: it can last an hour, and
@@ -150,6 +151,7 @@ export class CommandRunner {
   }
 
   private async handle(cmd: HostCommand): Promise<void> {
+    if (cmd.kind === "instance.resume") return this.resume(cmd);
     const known = await this.journal.read(cmd.id);
     if (known && known.state !== "running") return this.deliver(finalReport(known));
     // Running in the journal but not in this process: an earlier one died in it.
@@ -174,19 +176,39 @@ export class CommandRunner {
     return this.run(started);
   }
 
+  /**
+   * A resume, which a warm claim waits on, takes the shortest path: no journal and no acknowledgement, since
+   * running it twice is harmless (the runtime's resume is idempotent, and the server sends an unfinished one
+   * again after a restart) and it is over before either would arrive. Its instance is taken at once, before
+   * anything is awaited, so the spec change that comes with a claim finds it held and the converger leaves it
+   * to this command instead of listing the host's domains ahead of it.
+   */
+  private async resume(cmd: ResumeCommand): Promise<void> {
+    const lease = await this.o.locks.acquire(cmd.args.instanceId);
+    let outcome: Outcome;
+    try {
+      if (this.now() > Date.parse(cmd.deadline)) throw new Error(`not started: received after its deadline ${cmd.deadline}`);
+      await this.o.runtime.resume(cmd.args.instanceId);
+      outcome = { state: "succeeded", result: {}, error: null };
+    } catch (e) {
+      outcome = { state: "failed", result: null, error: messageOf(e) };
+    } finally {
+      lease.release();
+    }
+    this.log(`command ${outcome.state}`, { id: cmd.id, kind: cmd.kind, error: outcome.error ?? undefined });
+    this.deliver({ id: cmd.id, ...outcome });
+  }
+
   /** Run a journalled command under its instance's lock; `taken` is called once the lock is held. */
   private async run(j: CommandJournal, taken: () => void = () => {}): Promise<void> {
     const { command } = j;
     if (command.kind === "instance.exec") return this.runExec(j, command);
-    // A resume is over before an acknowledgement would arrive: its final report is the only one, and the
-    // server's write for it is the one a warm claim waits on.
-    if (command.kind !== "instance.resume") this.deliver({ id: command.id, state: "running", result: null, error: null });
+    this.deliver({ id: command.id, state: "running", result: null, error: null });
     const lease = await this.o.locks.acquire(command.args.instanceId);
     taken();
     let outcome: Outcome;
     try {
-      // Reports show a snapshotted or restored domain as it was when the command began. A resume is over in
-      // milliseconds and must not wait for a full listing of the host's domains.
+      // Reports show a snapshotted or restored domain as it was when the command began.
       if (command.kind !== "instance.resume") {
         const before = (await this.o.runtime.list()).find((d) => d.id === command.args.instanceId);
         if (before) lease.pin(before);

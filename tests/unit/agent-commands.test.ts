@@ -218,6 +218,37 @@ describe("host commands", () => {
     expect(finals(sent)[0]).toMatchObject({ id: "cmd_held", state: "succeeded" });
   });
 
+  it("resumes at once: the instance is held from receipt, one final report, no journal, and again is harmless", async () => {
+    const rt = await host({ delays: { resume: 200 } });
+    await rt.pause(A);
+    const locks = new InstanceLocks();
+    const converger = new Converger(rt, () => {}, locks);
+    const { r, sent } = runner(rt, { locks });
+    const resume = (id: string, deadline = new Date(Date.now() + hour)): HostCommand => ({
+      id,
+      kind: "instance.resume",
+      deadline: deadline.toISOString(),
+      args: { instanceId: A },
+    });
+
+    const resuming = r.receive(resume("cmd_resume"));
+    // The claim's spec arrives right behind the command: the converger must leave the instance to it.
+    const claimed: NodeSpec = { nodeId: "node_x", generation: 3, runtime: "fake", instances: [spec(A, "running"), spec(B)], remove: [] };
+    expect(await converger.converge(claimed)).toEqual({ skipped: [A] });
+    await resuming;
+    expect(await stateOf(rt, A)).toBe("running");
+    await until("the final report", () => finals(sent).length === 1);
+    expect(sent).toEqual([{ id: "cmd_resume", state: "succeeded", result: {}, error: null }]);
+    expect(existsSync(join(root, "commands", "cmd_resume.json"))).toBe(false);
+
+    await r.receive(resume("cmd_resume")); // delivered again after a reconnect: resumed again, reported again
+    expect(await stateOf(rt, A)).toBe("running");
+    await until("the second report", () => finals(sent).length === 2);
+    await r.receive(resume("cmd_late", new Date(Date.now() - 1000)));
+    await until("the late one's report", () => finals(sent).length === 3);
+    expect(finals(sent)[2]).toMatchObject({ id: "cmd_late", state: "failed", error: expect.stringContaining("deadline") });
+  });
+
   it("retries a report the server fails or never answers until it is taken, without holding up another command", async () => {
     const rt = await host();
     let attempts = 0;
