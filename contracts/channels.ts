@@ -1,4 +1,5 @@
 import { z } from "zod";
+import { hostCommand } from "./host.ts";
 
 /**
  * The pub/sub channels and their payloads: the one typed map every publisher and subscriber goes through.
@@ -19,8 +20,12 @@ export const channels = {
   }),
   /** A node's desired set changed; keyed by node id, so each agent hears only its own. */
   nodeSpecs: z.object({ nodeId: z.string(), generation: z.number().int() }),
-  /** A node has host commands to fetch; keyed by node id like its specs. */
-  hostCommands: z.object({ nodeId: z.string() }),
+  /**
+   * A node has new host commands; keyed by node id like its specs. They ride along, so the node's stream hands
+   * them to its agent without reading them back (a warm claim's resume waits on this); a message without them
+   * makes the stream read the node's unfinished commands.
+   */
+  hostCommands: z.object({ nodeId: z.string(), commands: z.array(hostCommand).optional() }),
   /** An exec command has new output or finished; keyed by command id, so only its watchers hear. */
   execOutput: z.object({ commandId: z.string() }),
   /** A credential stopped being valid (`tok:<id>`, `node:<id>`): connections authenticated by it are closed. */

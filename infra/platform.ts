@@ -91,7 +91,7 @@ export async function openPlatform(config: Config, opts: PlatformOptions = {}): 
   async function apply(w: Write): Promise<void> {
     try {
       for (const [nodeId, generation] of w.specs) bus.publish("nodeSpecs", { nodeId, generation }, nodeId);
-      for (const nodeId of w.commandNodes) bus.publish("hostCommands", { nodeId }, nodeId);
+      for (const [nodeId, commands] of w.commandsFor) bus.publish("hostCommands", { nodeId, commands }, nodeId);
       for (const key of w.revoked) bus.publish("credentialsRevoked", { key });
       for (const e of w.events) bus.publish("instanceEvents", e);
       for (const commandId of w.execOutputs) bus.publish("execOutput", { commandId }, commandId);

@@ -1,4 +1,5 @@
 import type { InstanceEventMessage } from "../../contracts/channels.ts";
+import type { HostCommand } from "../../contracts/host.ts";
 import type { Sql } from "./db.ts";
 import type { IdSource } from "./ids.ts";
 
@@ -33,7 +34,8 @@ export class Write {
   /** Node → the newest spec generation this write gave it. */
   readonly specs = new Map<string, number>();
   readonly revoked: string[] = [];
-  readonly commandNodes = new Set<string>();
+  /** Node → the host commands this write queued for it. */
+  readonly commandsFor = new Map<string, HostCommand[]>();
   /** Sandbox templates or sandboxes changed: the sandboxes reconciler (warm pools, deadlines) runs once committed. */
   sandboxes: { delayMs: number } | null = null;
   /** Provider accounts whose offers and machines the worker should read again. */
@@ -73,9 +75,9 @@ export class Write {
     this.revoked.push(key);
   }
 
-  /** A node has new host commands to fetch. */
-  commands(nodeId: string): void {
-    this.commandNodes.add(nodeId);
+  /** A host command queued for a node: its agent is sent it once committed. */
+  command(nodeId: string, command: HostCommand): void {
+    this.commandsFor.set(nodeId, [...(this.commandsFor.get(nodeId) ?? []), command]);
   }
 
   /** Exec commands with new output (or a final word): their watchers look once committed. */

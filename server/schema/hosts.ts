@@ -1,6 +1,6 @@
 import { z } from "zod";
 import type { Channels } from "../../contracts/channels.ts";
-import { commandReport, execChunk, statusReport } from "../../contracts/host.ts";
+import { commandReport, execChunk, type HostCommand, statusReport } from "../../contracts/host.ts";
 import { requireNode, requireOperator } from "../../core/auth/principal.ts";
 import { recordHostReport } from "../../core/instances/snapshots.ts";
 import { parseInput } from "../../core/kernel/validation.ts";
@@ -186,9 +186,23 @@ async function* specStream(ctx: Context, nodeId: string) {
 async function* commandStream(ctx: Context, nodeId: string) {
   const { platform } = ctx;
   const sent = new Set<string>();
-  // Commands are read incrementally and are few: no coalescing, a warm claim's resume is waiting on this.
-  const read = () => platform.read((sql) => commandsForNode(sql, nodeId, platform.now()));
-  for await (const commands of follow(ctx, "hostCommands", nodeId, read, () => true, 0)) {
+  // New commands ride on their message and go out as they are; only the first look (and a message without
+  // them) reads the table. Nothing is coalesced: a warm claim's resume is waiting on this.
+  let carried: HostCommand[] = [];
+  let mustRead = true;
+  const news = (m: Channels["hostCommands"]) => {
+    if (m.commands) carried.push(...m.commands);
+    else mustRead = true;
+    return true;
+  };
+  const read = async () => {
+    const ready = carried;
+    carried = [];
+    if (!mustRead) return ready;
+    mustRead = false;
+    return platform.read((sql) => commandsForNode(sql, nodeId, platform.now()));
+  };
+  for await (const commands of follow(ctx, "hostCommands", nodeId, read, news, 0)) {
     for (const command of commands) {
       if (sent.has(command.id)) continue;
       sent.add(command.id);

@@ -33,6 +33,9 @@ export interface HostCommandRow {
 const COLUMNS = `id, node_id AS "nodeId", instance_id AS "instanceId", kind, args, state, deadline, result, error,
   created_at AS "createdAt", started_at AS "startedAt", finished_at AS "finishedAt", settled_at AS "settledAt"`;
 
+/** A row as the host protocol carries it. */
+const asHostCommand = (r: HostCommandRow): HostCommand => ({ id: r.id, kind: r.kind, deadline: r.deadline.toISOString(), args: r.args }) as HostCommand;
+
 /** Queue a command for a node; its agent hears of it once the write commits. */
 export async function enqueueCommand(
   w: Write,
@@ -42,7 +45,7 @@ export async function enqueueCommand(
     `INSERT INTO host_commands (id, node_id, instance_id, kind, args, deadline, created_at) VALUES ($1, $2, $3, $4, $5::jsonb, $6, $7) RETURNING ${COLUMNS}`,
     [w.ids("cmd"), c.nodeId, c.instanceId, c.kind, JSON.stringify(c.args), new Date(w.now.getTime() + c.timeoutMs), w.now],
   );
-  w.commands(c.nodeId);
+  w.command(c.nodeId, asHostCommand(row as HostCommandRow));
   return row as HostCommandRow;
 }
 
@@ -52,7 +55,7 @@ export async function commandsForNode(sql: Sql, nodeId: string, now: Date): Prom
     `SELECT ${COLUMNS} FROM host_commands WHERE node_id = $1 AND state IN ('pending', 'running') AND deadline > $2 ORDER BY created_at, id`,
     [nodeId, now],
   );
-  return rows.map((r) => ({ id: r.id, kind: r.kind, deadline: r.deadline.toISOString(), args: r.args }) as HostCommand);
+  return rows.map(asHostCommand);
 }
 
 /**
