@@ -7,7 +7,7 @@ import { enqueueCommand, FINAL_STATES, type HostCommandRow, recordCommandReport,
 import { requirePool } from "../pools/pools.ts";
 import { requireCapability } from "../pools/registry.ts";
 import { lockInstance, writeChange } from "./changes.ts";
-import type { Instance } from "./model.ts";
+import { INSTANCE_COLUMNS, type Instance } from "./model.ts";
 
 /**
  * Snapshots and restores of an instance's memory and disk: requests record a host command for the instance's
@@ -142,14 +142,14 @@ export async function settleCommands(w: Write, inst: Instance): Promise<Instance
  * is locked before the command, in the reconciler's order. The reconciler still settles whatever this misses.
  */
 export async function recordHostReport(w: Write, nodeId: string, report: CommandReport): Promise<HostCommandRow> {
-  const cmd = await one<{ instanceId: string | null }>(w.sql, `SELECT instance_id AS "instanceId" FROM host_commands WHERE id = $1 AND node_id = $2`, [
-    report.id,
-    nodeId,
-  ]);
-  if (report.state === "running" || !cmd?.instanceId) return recordCommandReport(w, nodeId, report);
-  const inst = await lockInstance(w, null, cmd.instanceId);
+  if (report.state === "running") return recordCommandReport(w, nodeId, report);
+  const inst = await one<Instance>(
+    w.sql,
+    `SELECT ${INSTANCE_COLUMNS} FROM instances WHERE id = (SELECT instance_id FROM host_commands WHERE id = $1 AND node_id = $2) FOR UPDATE`,
+    [report.id, nodeId],
+  );
   const row = await recordCommandReport(w, nodeId, report);
-  await settleCommands(w, inst);
+  if (inst) await settleCommands(w, inst);
   return row;
 }
 

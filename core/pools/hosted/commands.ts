@@ -64,26 +64,30 @@ export async function commandsForNode(sql: Sql, nodeId: string, now: Date): Prom
  * nothing (nor does one after the deadline expired the command).
  */
 export async function recordCommandReport(w: Write, nodeId: string, report: CommandReport): Promise<HostCommandRow> {
-  const cmd = await one<HostCommandRow>(w.sql, `SELECT ${COLUMNS} FROM host_commands WHERE id = $1 AND node_id = $2 FOR UPDATE`, [report.id, nodeId]);
-  if (!cmd) throw notFound("host command", report.id);
-  const started = report.state === "running" && cmd.state === "pending";
-  const finished = report.state !== "running" && (cmd.state === "pending" || cmd.state === "running");
-  if (!started && !finished) {
-    w.unchanged();
-    return cmd;
-  }
-  const [row] = started
-    ? await w.sql.query<HostCommandRow>(`UPDATE host_commands SET state = 'running', started_at = $2 WHERE id = $1 RETURNING ${COLUMNS}`, [cmd.id, w.now])
+  // One statement when the report changes something (the update waits for, and re-checks, a row another
+  // writer holds); a second look only for a report that changes nothing.
+  const finished = report.state !== "running";
+  const [cmd] = finished
+    ? await w.sql.query<HostCommandRow>(
+        `UPDATE host_commands SET state = $3, result = $4::jsonb, error = $5, started_at = COALESCE(started_at, $6), finished_at = $6
+          WHERE id = $1 AND node_id = $2 AND state IN ('pending', 'running') RETURNING ${COLUMNS}`,
+        [report.id, nodeId, report.state, report.result === null ? null : JSON.stringify(report.result), report.error, w.now],
+      )
     : await w.sql.query<HostCommandRow>(
-        `UPDATE host_commands SET state = $2, result = $3::jsonb, error = $4, started_at = COALESCE(started_at, $5), finished_at = $5
-          WHERE id = $1 RETURNING ${COLUMNS}`,
-        [cmd.id, report.state, report.result === null ? null : JSON.stringify(report.result), report.error, w.now],
+        `UPDATE host_commands SET state = 'running', started_at = $3 WHERE id = $1 AND node_id = $2 AND state = 'pending' RETURNING ${COLUMNS}`,
+        [report.id, nodeId, w.now],
       );
+  if (!cmd) {
+    const known = await one<HostCommandRow>(w.sql, `SELECT ${COLUMNS} FROM host_commands WHERE id = $1 AND node_id = $2`, [report.id, nodeId]);
+    if (!known) throw notFound("host command", report.id);
+    w.unchanged();
+    return known;
+  }
   if (finished && cmd.instanceId) w.wake(cmd.instanceId);
   // An exec's watchers read its end from this row.
   if (finished && cmd.kind === "instance.exec") w.execOutput(cmd.id);
   w.audit({ targetId: cmd.id, details: { kind: cmd.kind, instanceId: cmd.instanceId, state: report.state, error: report.error } });
-  return row as HostCommandRow;
+  return cmd;
 }
 
 /** The commands of an instance whose outcome the reconciler has yet to apply: finished, or past their deadline. */
