@@ -41,8 +41,8 @@ export async function createFromSnapshot(c: DomainContext, spec: InstanceSpec, f
     refuseOtherShape(saved, spec);
     await mkdir(dir, { recursive: true });
     await chmod(dir, PASS_THROUGH_DIR);
-    await copyDisk(c, spec, join(final, "disk.qcow2"));
-    await writeSeedIso(spec, join(dir, "seed.iso"));
+    // Independent files, each a few process runs (qemu-img, the ISO writer): side by side.
+    await Promise.all([copyDisk(c, spec, join(final, "disk.qcow2")), writeSeedIso(spec, join(dir, "seed.iso"))]);
     xml = cloneXml(saved, { fromId: from.instanceId, id: spec.id, uuid: randomUUID(), mac: spec.nic.mac, tap: tapFor(spec.id), owner: c.owner });
     await writeFile(marker, `${from.instanceId}/${from.snapshotId}\n`);
     d = await c.libvirt(() => c.hv.domainDefineXML(xml));
