@@ -174,15 +174,18 @@ async function claimWarm(w: Write, t: SandboxTemplate, who: Principal & { tenant
     (await one<Instance>(w.sql, `${ready} FOR UPDATE`, [t.id, t.version]));
   if (!inst) return null;
   const charge = chargeOf(inst);
-  await chargeQuota(w.sql, who.tenantId, charge);
   if (inst.nodeId)
     await enqueueCommand(w, { nodeId: inst.nodeId, instanceId: inst.id, kind: "instance.resume", args: { instanceId: inst.id }, timeoutMs: 60_000 });
-  return writeChange(
+  const claimed = await writeChange(
     w,
     inst,
     { desired_state: "running", sandbox_id: sbx, claimed_at: w.now, owner_identity_id: who.identityId, charge, charge_released: false },
     "sandbox:claimed",
   );
+  // The quota row after the node's (the change above bumps its spec), as admission and deletion take them:
+  // the other way round, a claim and an instance reaching `deleted` on that node deadlocked.
+  await chargeQuota(w.sql, who.tenantId, charge);
+  return claimed;
 }
 
 function bootCold(w: Write, deps: AdmissionDeps, t: SandboxTemplate, who: Principal & { tenantId: string }, sbx: string, key: string) {

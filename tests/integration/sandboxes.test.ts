@@ -1,4 +1,5 @@
 import { join } from "node:path";
+import pg from "pg";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { clearFailures, injectFailure } from "../../agent/runtimes/fake/index.ts";
 import { EXEC_OUTPUT_KEEP_MS, pruneExecOutput } from "../../core/sandboxes/exec.ts";
@@ -330,6 +331,42 @@ describe("warm pools", () => {
     expect(stats?.hits).toBe(ok.filter((s) => s.warm).length);
     expect(stats?.claimP50Ms).toBeGreaterThan(0);
     for (const s of ok) await t.client.request(DeleteSandboxDocument, { id: s.id });
+    await t.client.request(DeleteSandboxTemplateDocument, { id: tpl.id });
+  });
+
+  it("claim in the write path's lock order: node before quota, so a deletion freeing that node never deadlocks with it", async () => {
+    const tpl = await template({ warm: 1 });
+    await until("a warm instance ready", async () => (await warmOf(tpl.id))?.ready === 1, 30_000);
+    const [warm] = await hosts.h.platform.read((sql) =>
+      sql.query<{ nodeId: string }>(`SELECT node_id AS "nodeId" FROM instances WHERE warm_template_id = $1 AND claimed_at IS NULL`, [tpl.id]),
+    );
+    // A deletion's first step, as markDeleted takes it: the node's row (its allocation given back)...
+    const other = new pg.Client({ connectionString: hosts.h.dbUrl });
+    await other.connect();
+    try {
+      await other.query("BEGIN");
+      await other.query(`UPDATE nodes SET alloc_vcpus = alloc_vcpus WHERE id = $1`, [warm?.nodeId]);
+      const claiming = t.client.request(CreateSandboxDocument, { input: { templateId: tpl.id } });
+      await until("the claim to wait for the node", async () => {
+        const [w] = await hosts.h.platform.read((sql) =>
+          sql.query<{ n: number }>(
+            `SELECT count(*)::int AS n FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE 'UPDATE nodes%'`,
+          ),
+        );
+        return (w?.n ?? 0) > 0;
+      });
+      // ...then the tenant's quota row. A claim holding that row while it waits for the node would make this
+      // wait until PostgreSQL's deadlock check (1 s) ended one of the two; in order, nothing holds the row. The
+      // timeout is below that check, so a wait fails here rather than being resolved as a deadlock.
+      await other.query(`SET LOCAL lock_timeout = '500ms'`);
+      await other.query(`UPDATE quota_usage SET used = used WHERE tenant_id = $1`, [t.id]);
+      await other.query("COMMIT");
+      const { createSandbox: s } = await claiming;
+      expect(s.warm).toBe(true);
+      await t.client.request(DeleteSandboxDocument, { id: s.id });
+    } finally {
+      await other.end();
+    }
     await t.client.request(DeleteSandboxTemplateDocument, { id: tpl.id });
   });
 
