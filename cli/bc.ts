@@ -11,6 +11,8 @@ const usage = `bc — the Better Compute control plane
            [--runtime libvirt-kvm [--domain-type auto|kvm|qemu] [--kernel F --initrd F --cmdline S]
             [--shutdown-timeout-ms MS] [--gpu model=0000:65:00.0 ...] [--libvirt-uri URI]]
                          a host agent: joins once (the credential is kept in the state dir), then converges
+  bc doctor [--json]     what an operator should fix (pools, hosts, provider accounts, warm pools, the books);
+                         asks the server at --url / BC_URL with --token / BC_TOKEN; exits 1 on any error
   bc migrate             apply the committed migrations to DATABASE_URL (or the embedded database)
   bc migrate --create N  write prisma/migrations/<ts>_N from the schema's changes (development)
   bc migrate --check     exit 1 when prisma/schema.prisma has changes no migration holds
@@ -40,6 +42,8 @@ async function main(argv: string[]) {
       return (await import("./agent.ts")).agentCommand(rest);
     case "migrate":
       return (await import("./migrate.ts")).migrateCommand(rest);
+    case "doctor":
+      return (await import("./doctor.ts")).doctorCommand(rest);
     case "schema": {
       const { printedSchema } = await import("../server/schema/index.ts");
       process.stdout.write(printedSchema());

@@ -13,6 +13,7 @@ import "./sandboxes.ts";
 import "./sandbox-live.ts";
 import "./sandbox-snapshots.ts";
 import "./events.ts";
+import "./doctor.ts";
 
 export const schema = builder.toSchema();
 

@@ -19,9 +19,14 @@ export interface ProviderAccount {
   config: Record<string, unknown>;
   credentials: Record<string, string>;
   createdAt: Date;
+  /** When the provider sweep last reached the provider with this account, and how that failed (null: it worked). */
+  checkedAt: Date | null;
+  checkError: string | null;
+  checkErrorKind: string | null;
 }
 
-const COLUMNS = `id, name, provider, config, credentials, created_at AS "createdAt"`;
+const COLUMNS = `id, name, provider, config, credentials, created_at AS "createdAt", checked_at AS "checkedAt", check_error AS "checkError",
+  check_error_kind AS "checkErrorKind"`;
 
 /** A reference by scheme, or `{ value }` to seal. The messages never repeat what was given. */
 const credential = z.union(
@@ -121,4 +126,14 @@ export function smallestFitting<O extends ProviderOffer>(offers: readonly O[], s
   return [...offers]
     .filter((o) => o.vcpus >= shape.vcpus && o.memoryMib >= shape.memoryMib && o.diskGib >= shape.diskGib)
     .sort((a, b) => a.vcpus - b.vcpus || a.memoryMib - b.memoryMib || a.diskGib - b.diskGib || a.name.localeCompare(b.name))[0];
+}
+
+/** What the provider sweep found of the account's connection: null when it worked, else the failure. */
+export async function recordAccountCheck(sql: Sql, accountId: string, now: Date, failure: { kind: string; message: string } | null): Promise<void> {
+  await sql.query(`UPDATE provider_accounts SET checked_at = $2, check_error = $3, check_error_kind = $4 WHERE id = $1`, [
+    accountId,
+    now,
+    failure?.message.slice(0, 2000) ?? null,
+    failure?.kind ?? null,
+  ]);
 }
