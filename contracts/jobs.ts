@@ -73,6 +73,18 @@ export const jobCatalog = {
     everyMs: undefined,
   },
   /**
+   * Metering: close every 5-minute window that is due, counting what each hosted allocation held into usage
+   * records (core/books/usage.ts). Exactly once per window however many workers run it, and whenever.
+   */
+  "vps.usage": {
+    payload: z.object({}),
+    jobId: () => "usage",
+    attempts: 3,
+    backoffMs: 5000,
+    concurrency: 1,
+    everyMs: () => 5 * 60_000,
+  },
+  /**
    * The safety net: silent nodes become lost, orphans past their grace are removed, specs an agent has not
    * acknowledged are sent again, host commands past their deadline are settled, and every instance not at
    * rest is woken. A lost wake-up only delays.

@@ -14,6 +14,7 @@ import { credentialChecker, openLimits, overLimit } from "./limits/index.ts";
 import { type OpenSources, subscribeShared } from "./live/execute.ts";
 import { CloseCode, type LiveConnection, LiveHub } from "./live/hub.ts";
 import { schema } from "./schema/index.ts";
+import { serveUsageCsv } from "./usage-csv.ts";
 
 export interface App {
   server: Server;
@@ -136,6 +137,8 @@ export async function startServer(platform: Platform, opts: { port?: number; hos
           ].join("\n"),
         );
     }
+    if (path === "/usage.csv" && req.method === "GET")
+      return serveUsageCsv(platform, req, res, () => principalFor(credentialChecker(platform, req.headers.authorization ?? null), req.headers.authorization));
     if (path === "/") return void res.writeHead(302, { location: "/graphql" }).end();
     return yoga.handle(req, res);
   });

@@ -3,6 +3,7 @@ import { sweepProviders } from "./jobs/providers.ts";
 import { reconcileInstance } from "./jobs/reconcile-instance.ts";
 import { expireSandbox, tendSandboxes } from "./jobs/sandboxes.ts";
 import { sweep } from "./jobs/sweep.ts";
+import { meter } from "./jobs/usage.ts";
 
 /** The worker: every job of the catalog, each handled by its file in jobs/. */
 export function startWorker(platform: Platform) {
@@ -15,6 +16,7 @@ export function startWorker(platform: Platform) {
       "vps.sandboxes": () => tendSandboxes(platform),
       "vps.sandbox.expire": (p) => expireSandbox(platform, p.sandboxId),
       "vps.sweep": () => sweep(platform),
+      "vps.usage": () => meter(platform),
     },
     platform.config,
     platform.log,

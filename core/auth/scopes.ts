@@ -15,6 +15,7 @@ export const tenantScopes = [
   "compute:sandboxes:read",
   "compute:sandboxes:write",
   "compute:sandboxes:exec",
+  "compute:usage:read",
 ] as const;
 export type Scope = (typeof tenantScopes)[number];
 

@@ -11,6 +11,8 @@ import type { Sql } from "../kernel/db.ts";
  * - `instance.allocation-missing`: a live hosted instance placed on a node without its allocation;
  * - `instance.lease-missing`: a live hosted instance of a pool with a range and no address leased to it;
  * - `instance.charge-unreleased`: a deleted instance whose quota charge was never given back;
+ * - `allocation.unmetered`: an allocation with no open meter span (its time would go unbilled);
+ * - `span.unexplained`: an open meter span whose allocation is gone (it would be billed for ever);
  * - `quota.unexplained` / `quota.missing`: a tenant's usage above / below the charges of its live instances
  *   (subject: `tenant/resource`); `sandbox_warm` is checked against the tenant's templates' warm targets.
  *
@@ -54,6 +56,14 @@ found AS (
   SELECT 'instance.lease-missing', i.id, i.pool_id, i.tenant_id, format('%s in a pool with range %s, and no address leased to it', i.state, p.cidr)
     FROM live i JOIN ip_pools p ON p.pool_id = i.pool_id
    WHERE NOT EXISTS (SELECT 1 FROM ip_addresses l WHERE l.instance_id = i.id)
+  UNION ALL
+  SELECT 'allocation.unmetered', a.id, n.pool_id, a.tenant_id, format('held by %s with no open meter span: its time is not being counted', a.instance_id)
+    FROM allocations a JOIN nodes n ON n.id = a.node_id
+   WHERE NOT EXISTS (SELECT 1 FROM meter_spans s WHERE s.allocation_id = a.id AND s.ended_at IS NULL)
+  UNION ALL
+  SELECT 'span.unexplained', s.id, i.pool_id, s.tenant_id, format('open meter span of %s for allocation %s, which is gone', s.instance_id, s.allocation_id)
+    FROM meter_spans s LEFT JOIN instances i ON i.id = s.instance_id
+   WHERE s.ended_at IS NULL AND NOT EXISTS (SELECT 1 FROM allocations a WHERE a.id = s.allocation_id)
   UNION ALL
   SELECT 'instance.charge-unreleased', i.id, i.pool_id, i.tenant_id, format('deleted, still charged %s', i.charge::text)
     FROM instances i

@@ -36,7 +36,8 @@ export type IdKind =
   | "cmd"
   | "snap"
   | "stpl"
-  | "sbx";
+  | "sbx"
+  | "mspan";
 
 /** Random ids: a kind prefix and 128 bits. Tests may swap the source for a deterministic one. */
 export type IdSource = (kind: IdKind) => string;

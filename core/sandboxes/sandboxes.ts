@@ -2,6 +2,7 @@ import { z } from "zod";
 import { AppError, invalid, notFound } from "../../contracts/errors.ts";
 import type { Principal } from "../auth/principal.ts";
 import { visibleTo } from "../auth/principal.ts";
+import { closeSpan, openSpan } from "../books/spans.ts";
 import { chargeOf } from "../catalog/shapes.ts";
 import { type AdmissionDeps, admitInstance } from "../instances/admission.ts";
 import { lockInstance, writeChange } from "../instances/changes.ts";
@@ -176,6 +177,11 @@ async function claimWarm(w: Write, t: SandboxTemplate, who: Principal & { tenant
   const charge = chargeOf(inst);
   if (inst.nodeId)
     await enqueueCommand(w, { nodeId: inst.nodeId, instanceId: inst.id, kind: "instance.resume", args: { instanceId: inst.id }, timeoutMs: 60_000 });
+  // From now the allocation is the tenant's to pay for, not the operator's.
+  if (inst.allocationId) {
+    await closeSpan(w, inst.allocationId);
+    await openSpan(w, inst.allocationId, { instanceId: inst.id, tenantId: who.tenantId, projectId: inst.projectId, warm: false });
+  }
   const claimed = await writeChange(
     w,
     inst,

@@ -30,7 +30,7 @@ builder.subscriptionType({});
  */
 const RFC3339 = /^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}(:\d{2}(\.\d{1,9})?)?(Z|[+-]\d{2}:\d{2})$/i;
 
-function parseDateTime(v: unknown): Date {
+export function parseDateTime(v: unknown): Date {
   const d = typeof v === "string" && RFC3339.test(v) ? new Date(v) : null;
   const year = d?.getUTCFullYear() ?? Number.NaN;
   if (!d || !(year >= 1 && year <= 9999)) {

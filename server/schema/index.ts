@@ -14,6 +14,7 @@ import "./sandbox-live.ts";
 import "./sandbox-snapshots.ts";
 import "./events.ts";
 import "./doctor.ts";
+import "./usage.ts";
 
 export const schema = builder.toSchema();
 

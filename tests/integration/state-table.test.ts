@@ -295,6 +295,7 @@ describe.each([
       "vps.providers": async () => {},
       "vps.sandboxes": async () => {},
       "vps.sandbox.expire": async () => {},
+      "vps.usage": async () => {},
     };
     const worker = await h.platform.jobs.run(handlers, h.platform.config, h.platform.log);
     closeWorker = () => worker.close();

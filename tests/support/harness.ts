@@ -50,7 +50,7 @@ export interface HostedPoolOpts {
 const rnd = () => randomBytes(6).toString("hex");
 
 /** A whole platform on a database and Redis prefix of its own, served on an ephemeral port. */
-export async function startHarness(env: Record<string, string> = {}): Promise<Harness> {
+export async function startHarness(env: Record<string, string> = {}, opts: { now?: () => Date } = {}): Promise<Harness> {
   const db = await cloneDatabase();
   const redisPrefix = `bct_${rnd()}`;
   const operatorToken = `op_${randomBytes(24).toString("hex")}`;
@@ -71,7 +71,7 @@ export async function startHarness(env: Record<string, string> = {}): Promise<Ha
   );
   const { apiConnections: connections, apiStatementTimeoutMs: statementTimeoutMs } = config.limits;
   const database = await openDatabase({ databaseUrl: db.url, poolSize: 20, prisma: true, api: { connections, statementTimeoutMs } });
-  const platform = await openPlatform(config, { db: database });
+  const platform = await openPlatform(config, { db: database, ...(opts.now ? { now: opts.now } : {}) });
   const app = await startServer(platform, { port: 0, host: "127.0.0.1" });
   const client = (token?: string) => createClient({ url: app.url, token });
   const operator = client(operatorToken);

@@ -27,8 +27,8 @@ export interface Hosts {
 }
 
 /** A platform with a worker and `count` simulated hosts (fake runtime, in this process) in one hosted pool. */
-export async function startHosts(count: number, env: Record<string, string> = {}): Promise<Hosts> {
-  const h = await startHarness({ ...hostEnv, ...env });
+export async function startHosts(count: number, env: Record<string, string> = {}, opts: { now?: () => Date } = {}): Promise<Hosts> {
+  const h = await startHarness({ ...hostEnv, ...env }, opts);
   const worker = await startWorker(h.platform);
   const { createPool } = await h.operator.request(CreatePoolDocument, { input: { name: "sim", class: "VPS_HOST", ipv4Range: "10.60.0.0/22" } });
   for (const f of [

@@ -54,6 +54,14 @@ export async function invariantViolations(platform: WithDb): Promise<string[]> {
     ),
   );
   push(
+    "allocation without exactly one open meter span",
+    await q(`SELECT a.id FROM allocations a WHERE (SELECT count(*) FROM meter_spans s WHERE s.allocation_id = a.id AND s.ended_at IS NULL) <> 1`),
+  );
+  push(
+    "open meter span without its allocation",
+    await q(`SELECT s.id FROM meter_spans s WHERE s.ended_at IS NULL AND NOT EXISTS (SELECT 1 FROM allocations a WHERE a.id = s.allocation_id)`),
+  );
+  push(
     "GPU held by a missing allocation",
     await q(`SELECT g.id FROM node_gpus g LEFT JOIN allocations a ON a.id = g.allocation_id WHERE g.allocation_id IS NOT NULL AND a.id IS NULL`),
   );

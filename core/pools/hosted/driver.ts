@@ -1,4 +1,5 @@
 import { AppError, invalid, notFound } from "../../../contracts/errors.ts";
+import { closeSpan, openSpan, spanOwner } from "../../books/spans.ts";
 import type { Shape } from "../../catalog/shapes.ts";
 import type { Instance } from "../../instances/model.ts";
 import { one } from "../../kernel/db.ts";
@@ -74,6 +75,7 @@ export const hostedDriver: PoolDriver = {
   /** In place, on the instance's own node: the old claim is given back and the new one taken in this transaction. */
   async resize(w, inst: Instance, pool, next: Shape) {
     if (!inst.nodeId || !inst.allocationId) throw new AppError("PRECONDITION_FAILED", `instance ${inst.id} holds no placement`);
+    await closeSpan(w, inst.allocationId);
     await releaseAllocation(w.sql, inst.allocationId);
     const placed = await place(w.sql, w.ids, {
       poolId: inst.poolId,
@@ -83,6 +85,7 @@ export const hostedDriver: PoolDriver = {
       singleTenant: pool.singleTenant,
       onlyNodeId: inst.nodeId,
     });
+    await openSpan(w, placed.allocationId, spanOwner(inst));
     return { allocation_id: placed.allocationId };
   },
 

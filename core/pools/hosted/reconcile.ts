@@ -1,4 +1,5 @@
 import { isAppError } from "../../../contracts/errors.ts";
+import { closeSpan, openSpan, spanOwner } from "../../books/spans.ts";
 import { type InstanceSet, markDeleted, writeChange } from "../../instances/changes.ts";
 import { CRASH_WINDOW_MS, decide, type Situation } from "../../instances/decide.ts";
 import type { Condition, Instance } from "../../instances/model.ts";
@@ -62,6 +63,7 @@ export async function reconcileHosted(w: Write, inst: Instance, pool: Pool, maxR
         singleTenant: pool.singleTenant,
         excludeNodeIds: inst.excludedNodes,
       });
+      await openSpan(w, placed.allocationId, spanOwner(inst));
       return writeChange(
         w,
         inst,
@@ -85,7 +87,10 @@ export async function reconcileHosted(w: Write, inst: Instance, pool: Pool, maxR
   next = refusalConditions(next, inst, refusal, recreate);
   if (next !== conditions) set.conditions = next;
   if (recreate) {
-    if (inst.allocationId) await releaseAllocation(w.sql, inst.allocationId);
+    if (inst.allocationId) {
+      await closeSpan(w, inst.allocationId);
+      await releaseAllocation(w.sql, inst.allocationId);
+    }
     Object.assign(set, {
       allocation_id: null,
       node_id: null,
@@ -103,7 +108,10 @@ export async function reconcileHosted(w: Write, inst: Instance, pool: Pool, maxR
 
 /** Give back the allocation and the address. Safe to call twice: both rows are gone after the first call. */
 export async function releaseHosted(w: Write, inst: Instance): Promise<InstanceSet> {
-  if (inst.allocationId) await releaseAllocation(w.sql, inst.allocationId);
+  if (inst.allocationId) {
+    await closeSpan(w, inst.allocationId);
+    await releaseAllocation(w.sql, inst.allocationId);
+  }
   await releaseLease(w.sql, inst.id);
   return { allocation_id: null, addresses: [] };
 }

@@ -1,0 +1,42 @@
+import type { Instance } from "../instances/model.ts";
+import type { Write } from "../kernel/write.ts";
+
+/**
+ * Meter spans: what metering counts (core/books/usage.ts). A span is one allocation held by one owner, from the
+ * write that took it to the write that gave it back, on the write's own clock, in the same transaction as the
+ * allocation itself: a rollback leaves neither. Hosted placement opens one (admission, re-placement after a
+ * recreate, resize), every release of an allocation closes it, and a warm claim hands the allocation from the
+ * operator (the warm span) to the tenant.
+ */
+export interface SpanOwner {
+  instanceId: string;
+  /** null: the operator's (an unclaimed warm instance). */
+  tenantId: string | null;
+  projectId: string | null;
+  warm: boolean;
+}
+
+/** Open the span of an allocation just taken; its shape (and GPUs) are the allocation's. */
+export async function openSpan(w: Write, allocationId: string, owner: SpanOwner): Promise<void> {
+  await w.sql.query(
+    `INSERT INTO meter_spans (id, allocation_id, instance_id, tenant_id, project_id, warm, vcpus, memory_mib, gpus, started_at, metered_until)
+     SELECT $1, a.id, $3, $4, $5, $6, a.vcpus, a.memory_mib,
+            COALESCE((SELECT jsonb_agg(jsonb_build_object('model', g.model, 'count', g.n) ORDER BY g.model)
+                        FROM (SELECT model, count(*)::int AS n FROM node_gpus WHERE allocation_id = a.id GROUP BY model) g), '[]'::jsonb),
+            $7, $7
+       FROM allocations a WHERE a.id = $2`,
+    [w.ids("mspan"), allocationId, owner.instanceId, owner.tenantId, owner.projectId, owner.warm, w.now],
+  );
+}
+
+/** Close the open span of an allocation about to be given back (or handed to another owner). */
+export async function closeSpan(w: Write, allocationId: string): Promise<void> {
+  // Never before what was already counted of it (a writer whose clock lags the one that metered it).
+  await w.sql.query(`UPDATE meter_spans SET ended_at = GREATEST($2, metered_until) WHERE allocation_id = $1 AND ended_at IS NULL`, [allocationId, w.now]);
+}
+
+/** Who an instance's allocation is metered to now: the operator while it is an unclaimed warm instance. */
+export const spanOwner = (inst: Pick<Instance, "id" | "tenantId" | "projectId" | "warmTemplateId" | "claimedAt">): SpanOwner => {
+  const warm = inst.warmTemplateId !== null && inst.claimedAt === null;
+  return { instanceId: inst.id, tenantId: warm ? null : inst.tenantId, projectId: inst.projectId, warm };
+};
