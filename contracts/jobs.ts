@@ -73,6 +73,18 @@ export const jobCatalog = {
     everyMs: undefined,
   },
   /**
+   * A deleted tenant's teardown (core/tenancy/teardown.ts): ask for the deletion of everything it has, and remove
+   * the tenant once nothing is left. Enqueued by deleteTenant, and by the sweep until the tenant is gone.
+   */
+  "vps.tenants": {
+    payload: z.object({ tenantId: z.string().regex(/^ten_[a-z2-7]+$/) }),
+    jobId: (p: { tenantId: string }) => `tenant-${p.tenantId}`,
+    attempts: 3,
+    backoffMs: 1000,
+    concurrency: 1,
+    everyMs: undefined,
+  },
+  /**
    * Metering: close every 5-minute window that is due, counting what each hosted allocation held into usage
    * records (core/books/usage.ts). Exactly once per window however many workers run it, and whenever.
    */

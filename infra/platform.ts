@@ -97,6 +97,7 @@ export async function openPlatform(config: Config, opts: PlatformOptions = {}): 
       for (const commandId of w.execOutputs) bus.publish("execOutput", { commandId }, commandId);
       for (const instanceId of w.wakes) await jobs.enqueue("vps.instances", { instanceId });
       for (const accountId of w.providerAccounts) await jobs.enqueue("vps.providers", { accountId });
+      for (const tenantId of w.tenantsToTearDown) await jobs.enqueue("vps.tenants", { tenantId });
       if (w.sandboxes) await jobs.enqueue("vps.sandboxes", {}, { delayMs: w.sandboxes.delayMs });
       // Deadlines are on the platform's clock; the delay is measured from the write's own time.
       for (const [sandboxId, at] of w.deadlines)

@@ -3,6 +3,7 @@ import { sweepProviders } from "./jobs/providers.ts";
 import { reconcileInstance } from "./jobs/reconcile-instance.ts";
 import { expireSandbox, tendSandboxes } from "./jobs/sandboxes.ts";
 import { sweep } from "./jobs/sweep.ts";
+import { tearDownTenant } from "./jobs/tenants.ts";
 import { meter } from "./jobs/usage.ts";
 
 /** The worker: every job of the catalog, each handled by its file in jobs/. */
@@ -17,6 +18,7 @@ export function startWorker(platform: Platform) {
       "vps.sandbox.expire": (p) => expireSandbox(platform, p.sandboxId),
       "vps.sweep": () => sweep(platform),
       "vps.usage": () => meter(platform),
+      "vps.tenants": (p) => tearDownTenant(platform, p.tenantId),
     },
     platform.config,
     platform.log,

@@ -1,6 +1,6 @@
 import { randomBytes } from "node:crypto";
 import { z } from "zod";
-import { invalid, notFound } from "../../contracts/errors.ts";
+import { AppError, invalid, notFound } from "../../contracts/errors.ts";
 import { one, type Sql } from "../kernel/db.ts";
 import { sha256Hex } from "../kernel/ids.ts";
 import { parseInput } from "../kernel/validation.ts";
@@ -41,7 +41,9 @@ const tokenInput = z.object({
 /** A new identity of the tenant and its token. The token is returned this once. */
 export async function createApiToken(w: Write, raw: z.input<typeof tokenInput>): Promise<{ token: string; apiToken: ApiToken }> {
   const input = parseInput(tokenInput, raw);
-  if (!(await one(w.sql, `SELECT 1 FROM tenants WHERE id = $1`, [input.tenantId]))) throw notFound("tenant", input.tenantId);
+  const tenant = await one<{ deleting: boolean }>(w.sql, `SELECT deleted_at IS NOT NULL AS deleting FROM tenants WHERE id = $1 FOR SHARE`, [input.tenantId]);
+  if (!tenant) throw notFound("tenant", input.tenantId);
+  if (tenant.deleting) throw new AppError("PRECONDITION_FAILED", `tenant ${input.tenantId} is being deleted`);
   const scopes = input.scopes ?? [...tenantScopes];
   const bad = scopes.find((s) => !isScope(s));
   if (bad) throw invalid(`unknown scope ${bad}; known: ${tenantScopes.join(", ")}`, { path: "input.scopes" });

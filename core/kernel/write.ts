@@ -100,6 +100,13 @@ export class Write {
     this.sandboxes = { delayMs: Math.min(delayMs, this.sandboxes?.delayMs ?? delayMs) };
   }
 
+  /** Tenants being deleted: their teardown (`vps.tenants`) runs once committed. */
+  readonly tenantsToTearDown = new Set<string>();
+
+  tearDown(tenantId: string): void {
+    this.tenantsToTearDown.add(tenantId);
+  }
+
   /** A provider account is new or changed: the worker reads its offers (and machines) once committed. */
   wakeProviders(accountId: string): void {
     this.providerAccounts.add(accountId);

@@ -10,9 +10,12 @@ export interface Tenant {
   id: string;
   name: string;
   createdAt: Date;
+  /** Set by deleteTenant: the tenant is being torn down (its row goes once nothing of it is left). */
+  deletedAt: Date | null;
 }
 
-const COLUMNS = `id, name, created_at AS "createdAt"`;
+export const TENANT_COLUMNS = `id, name, created_at AS "createdAt", deleted_at AS "deletedAt"`;
+const COLUMNS = TENANT_COLUMNS;
 
 /** Names of tenants, projects and tokens: what a person types and reads. */
 export const displayName = z

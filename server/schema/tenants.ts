@@ -3,6 +3,7 @@ import { requireAuth, requireOperator, requireRead, requireTenantScope } from ".
 import { type ApiToken as ApiTokenRow, createApiToken, revokeApiToken } from "../../core/auth/tokens.ts";
 import { createProject, listProjects, type Project as ProjectRow } from "../../core/tenancy/projects.ts";
 import { type QuotaItem as QuotaItemRow, quotaOf } from "../../core/tenancy/quota.ts";
+import { deleteTenant } from "../../core/tenancy/teardown.ts";
 import { createTenant, getTenant, listTenants, setTenantQuota, type Tenant as TenantRow } from "../../core/tenancy/tenants.ts";
 import { mutate } from "../context.ts";
 import { builder, GpuCountInput } from "./builder.ts";
@@ -21,6 +22,7 @@ export const Tenant = builder.objectRef<TenantRow>("Tenant").implement({
     id: t.exposeID("id"),
     name: t.exposeString("name"),
     createdAt: t.expose("createdAt", { type: "DateTime" }),
+    deletedAt: t.expose("deletedAt", { type: "DateTime", nullable: true, description: "Set while the tenant is being deleted." }),
     quota: t.field({ type: [QuotaItem], resolve: (tenant, _a, ctx) => ctx.platform.read((sql) => quotaOf(sql, tenant.id)) }),
   }),
 });
@@ -68,6 +70,16 @@ builder.mutationFields((t) => ({
     resolve: (_r, { input }, ctx, info) => {
       requireOperator(ctx.principal);
       return mutate(ctx, info, (w) => createTenant(w, input));
+    },
+  }),
+  deleteTenant: t.field({
+    type: Tenant,
+    description:
+      "Operators: delete a tenant. Its tokens stop at once (live connections close); everything it has is deleted in the background, then the tenant; its usage stays.",
+    args: { id: t.arg.id({ required: true }) },
+    resolve: (_r, { id }, ctx, info) => {
+      requireOperator(ctx.principal);
+      return mutate(ctx, info, (w) => deleteTenant(w, String(id)));
     },
   }),
   setTenantQuota: t.field({

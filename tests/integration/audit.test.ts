@@ -131,6 +131,8 @@ async function runEveryMutation() {
   await op("deleteProviderAccount", bc.DeleteProviderAccountDocument, { id: acct.id });
   await op("revokeApiToken", bc.RevokeApiTokenDocument, { id: made.apiToken.id });
   await op("declareNodeGone", bc.DeclareNodeGoneDocument, { id: manual.id });
+  const { createTenant: leaving } = await op("createTenant", bc.CreateTenantDocument, { input: { name: "leaving" } });
+  await op("deleteTenant", bc.DeleteTenantDocument, { id: leaving.id });
 }
 
 /** The first command on a node's command stream. */

@@ -1,5 +1,6 @@
 import { instancesWithUnsettledCommands } from "../../core/pools/hosted/commands.ts";
 import { announceOrphanRemovals, markLostNodes, reannounceSpecs } from "../../core/pools/hosted/liveness.ts";
+import { tenantsBeingDeleted } from "../../core/tenancy/teardown.ts";
 import type { Platform } from "../../infra/platform.ts";
 
 const BATCH = 2000;
@@ -26,5 +27,7 @@ export async function sweep(platform: Platform): Promise<void> {
       [new Date(now.getTime() - Math.max(1000, hosts.sweepMs))],
     );
     for (const r of drifting) w.wake(r.id);
+    // Deleted tenants whose teardown is not done: the next pass may find their last instance deleted.
+    for (const id of await tenantsBeingDeleted(w.sql)) w.tearDown(id);
   });
 }

@@ -3,6 +3,9 @@ ALTER TABLE "provider_accounts" ADD COLUMN     "check_error" TEXT,
 ADD COLUMN     "check_error_kind" TEXT,
 ADD COLUMN     "checked_at" TIMESTAMPTZ(3);
 
+-- AlterTable
+ALTER TABLE "tenants" ADD COLUMN     "deleted_at" TIMESTAMPTZ(3);
+
 -- CreateTable
 CREATE TABLE "meter_spans" (
     "id" TEXT NOT NULL,
