@@ -11,6 +11,12 @@ const usage = `bc — the Better Compute control plane
            [--runtime libvirt-kvm [--domain-type auto|kvm|qemu] [--kernel F --initrd F --cmdline S]
             [--shutdown-timeout-ms MS] [--gpu model=0000:65:00.0 ...] [--libvirt-uri URI]]
                          a host agent: joins once (the credential is kept in the state dir), then converges
+  bc login --url U --token T    check and save where the commands below go (flags --url/--token, env
+                         BC_URL/BC_TOKEN override it); each takes --json for scripts:
+  bc instances list|get|create [--wait]|start|stop|delete|watch    bc sandboxes list|get|create|delete
+  bc pools    bc nodes <poolId>    bc usage --from T --to T [--group-by tenant,project,instance]
+  bc tokens create --tenant ID --name N | revoke ID    (exit codes: 2 bad input, 3 not found, 4 denied,
+                         5 precondition or conflict, 6 quota or capacity, 7 rate limited, 1 anything else)
   bc doctor [--json]     what an operator should fix (pools, hosts, provider accounts, warm pools, the books);
                          asks the server at --url / BC_URL with --token / BC_TOKEN; exits 1 on any error
   bc migrate             apply the committed migrations to DATABASE_URL (or the embedded database)
@@ -26,8 +32,12 @@ BC_DATA_DIR, VPS_RUNTIMES, PROVIDERS, VPS_HOST_NETWORK, LOG_LEVEL) over an optio
  * Each command loads only what it runs: `bc agent` must not pull the server, Prisma, yoga or BullMQ into a
  * host's memory, so commands are imported when chosen.
  */
+/** The client's commands (./client.ts), which also take their global flags first: `bc --json instances list`. */
+const CLIENT = new Set(["login", "instances", "sandboxes", "pools", "nodes", "usage", "tokens"]);
+
 async function main(argv: string[]) {
   const [command, ...rest] = argv;
+  if (command?.startsWith("--") && argv.some((a) => CLIENT.has(a))) return (await import("./client.ts")).clientCommand(argv);
   switch (command) {
     case "dev": {
       const { parseArgs } = await import("node:util");
@@ -44,6 +54,14 @@ async function main(argv: string[]) {
       return (await import("./migrate.ts")).migrateCommand(rest);
     case "doctor":
       return (await import("./doctor.ts")).doctorCommand(rest);
+    case "login":
+    case "instances":
+    case "sandboxes":
+    case "pools":
+    case "nodes":
+    case "usage":
+    case "tokens":
+      return (await import("./client.ts")).clientCommand(argv);
     case "schema": {
       const { printedSchema } = await import("../server/schema/index.ts");
       process.stdout.write(printedSchema());

@@ -1,6 +1,6 @@
 import { parseArgs } from "node:util";
-import { clientSettings } from "../infra/config.ts";
 import { createClient, DoctorDocument } from "../sdk/client.ts";
+import { clientSettings } from "./config.ts";
 
 /**
  * `bc doctor [--url U] [--token T] [--json]`: the doctor's findings, most severe first, each with its hint.

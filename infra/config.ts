@@ -299,15 +299,3 @@ export async function loadConfig(cwd = process.cwd(), env = process.env): Promis
   }
   return parseConfig(contents, env);
 }
-
-/**
- * Where `bc`'s client commands (`bc doctor`) send their requests, and with which token: flags first, then
- * `BC_URL` and `BC_TOKEN` (or `OPERATOR_TOKEN`, as the server's own operator token), else this machine's
- * server on `PORT`.
- */
-export function clientSettings(flags: { url?: string | undefined; token?: string | undefined }, env: NodeJS.ProcessEnv = process.env) {
-  const url = flags.url ?? env.BC_URL ?? `http://127.0.0.1:${env.PORT ?? 4000}/graphql`;
-  const token = flags.token ?? env.BC_TOKEN ?? env.OPERATOR_TOKEN;
-  if (!token) throw new Error("no token: pass --token, or set BC_TOKEN");
-  return { url, token };
-}
