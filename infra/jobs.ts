@@ -10,6 +10,8 @@ export interface Jobs {
   enqueue<N extends JobName>(name: N, payload: JobPayload<N>, opts?: { delayMs?: number }): Promise<void>;
   /** Run the catalog's jobs in this process with these handlers (the worker). */
   run(handlers: Handlers, config: Config, log: Logger): Promise<{ close(): Promise<void> }>;
+  /** Jobs of each catalog entry waiting to run (due or delayed) and running now, for /metrics. */
+  depth(): Promise<{ name: JobName; waiting: number; active: number }[]>;
   close(): Promise<void>;
 }
 
@@ -98,6 +100,14 @@ export function bullJobs(opts: { redisUrl: string; prefix: string }): Jobs {
       }
       return { close: async () => void (await Promise.all(workers.map((w) => w.close()))) };
     },
+    async depth() {
+      return Promise.all(
+        (Object.keys(jobCatalog) as JobName[]).map(async (name) => {
+          const c = await queueFor(name).getJobCounts("waiting", "delayed", "prioritized", "active");
+          return { name, waiting: (c.waiting ?? 0) + (c.delayed ?? 0) + (c.prioritized ?? 0), active: c.active ?? 0 };
+        }),
+      );
+    },
     async close() {
       await Promise.all([...queues.values()].map((q) => q.close()));
       redis?.disconnect();
@@ -176,6 +186,10 @@ export function memoryJobs(): Jobs {
           handlers = null;
         },
       };
+    },
+    async depth() {
+      const of = (keys: Iterable<string>, name: JobName) => [...keys].filter((k) => k.startsWith(`${name}/`)).length;
+      return (Object.keys(jobCatalog) as JobName[]).map((name) => ({ name, waiting: of(waiting.keys(), name), active: of(active, name) }));
     },
     async close() {
       closed = true;

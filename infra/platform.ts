@@ -50,6 +50,8 @@ export interface Platform {
   api(caller: string): Platform;
   /** `bc dev`: the one-process development platform (anonymous callers may introspect the schema). */
   dev: boolean;
+  /** What this process's writes have done, counted for /metrics: committed writes and the events they published. */
+  readonly counts: { writes: number; eventsPublished: number; retries: number };
   close(): Promise<void>;
 }
 
@@ -87,6 +89,8 @@ export async function openPlatform(config: Config, opts: PlatformOptions = {}): 
   const now = opts.now ?? systemClock;
   const images = config.vps.images ?? tableImages;
 
+  const counts = { writes: 0, eventsPublished: 0, retries: 0 };
+
   /** Publishing and waking are hints: a failure here delays convergence (the sweep re-finds it), never loses state. */
   async function apply(w: Write): Promise<void> {
     try {
@@ -94,6 +98,7 @@ export async function openPlatform(config: Config, opts: PlatformOptions = {}): 
       for (const [nodeId, commands] of w.commandsFor) bus.publish("hostCommands", { nodeId, commands }, nodeId);
       for (const key of w.revoked) bus.publish("credentialsRevoked", { key });
       for (const e of w.events) bus.publish("instanceEvents", e);
+      counts.eventsPublished += w.events.length;
       for (const commandId of w.execOutputs) bus.publish("execOutput", { commandId }, commandId);
       for (const instanceId of w.wakes) await jobs.enqueue("vps.instances", { instanceId });
       for (const accountId of w.providerAccounts) await jobs.enqueue("vps.providers", { accountId });
@@ -119,12 +124,16 @@ export async function openPlatform(config: Config, opts: PlatformOptions = {}): 
             await finishWrite(w);
             return [result, w] as const;
           });
+          counts.writes++;
           await apply(w);
           return result;
         } catch (e) {
           // Deadlocks and serialisation failures are the database asking for a retry, not a user error.
           const code = (e as { code?: string }).code;
-          if (attempt < 4 && code && RETRYABLE.has(code)) continue;
+          if (attempt < 4 && code && RETRYABLE.has(code)) {
+            counts.retries++;
+            continue;
+          }
           throw e;
         }
       }
@@ -135,6 +144,7 @@ export async function openPlatform(config: Config, opts: PlatformOptions = {}): 
   const read: Platform["read"] = (fn) => db.read(fn);
   const write = writeOn(db);
   const platform: Platform = {
+    counts,
     config,
     db,
     bus,

@@ -13,6 +13,7 @@ import { asInvalidInput, toClientError } from "./errors.ts";
 import { credentialChecker, openLimits, overLimit } from "./limits/index.ts";
 import { type OpenSources, subscribeShared } from "./live/execute.ts";
 import { CloseCode, type LiveConnection, LiveHub } from "./live/hub.ts";
+import { serverMetrics } from "./metrics.ts";
 import { schema } from "./schema/index.ts";
 import { serveUsageCsv } from "./usage-csv.ts";
 
@@ -63,7 +64,6 @@ function withContractCode(e: GraphQLError): GraphQLError {
 }
 
 export async function startServer(platform: Platform, opts: { port?: number; host?: string } = {}): Promise<App> {
-  const counters = { requests: 0 };
   const sources: OpenSources = { count: 0 };
   // A credential that no longer works is null; a database outage throws, and the hub keeps the connection.
   const hub = await LiveHub.start(platform, (bearer) =>
@@ -73,12 +73,13 @@ export async function startServer(platform: Platform, opts: { port?: number; hos
     }),
   );
   const limits = await openLimits(platform);
+  const metrics = serverMetrics(platform, hub, () => sources.count);
   const yoga = createYoga<{ requestId?: string }, Context>({
     schema,
     graphqlEndpoint: "/graphql",
     landingPage: false,
     graphiql: { title: "Better Compute" },
-    plugins: [...limits.plugins, invalidInputCodes],
+    plugins: [...limits.plugins, invalidInputCodes, metrics.plugin],
     // Refusals are answers, not faults: yoga's own logging would print each one; ours logs the unexpected.
     logging: {
       debug: () => {},
@@ -90,7 +91,6 @@ export async function startServer(platform: Platform, opts: { port?: number; hos
       // Websocket operations have no HTTP request: onSubscribe below authenticates from connectionParams.
       if (!request) return { platform, principal: null, requestId: randomUUID() };
       const requestId = request.headers.get("x-request-id") ?? randomUUID();
-      counters.requests++;
       const authorization = request.headers.get("authorization");
       return { platform, principal: await principalFor(credentialChecker(platform, authorization), authorization), requestId };
     },
@@ -114,28 +114,13 @@ export async function startServer(platform: Platform, opts: { port?: number; hos
       }
     }
     if (path === "/metrics") {
-      const mem = process.memoryUsage();
-      return void res
-        .writeHead(200, { "content-type": "text/plain; version=0.0.4" })
-        .end(
-          [
-            "# TYPE bc_graphql_requests_total counter",
-            `bc_graphql_requests_total ${counters.requests}`,
-            "# TYPE bc_live_connections gauge",
-            `bc_live_connections ${hub.connections.size}`,
-            "# TYPE bc_live_subscriptions gauge",
-            `bc_live_subscriptions ${hub.subscriptions()}`,
-            "# TYPE bc_live_operations gauge",
-            `bc_live_operations ${sources.count}`,
-            "# TYPE bc_live_events_delivered_total counter",
-            `bc_live_events_delivered_total ${hub.feed.delivered}`,
-            "# TYPE bc_live_closed_total counter",
-            ...[...hub.closedBy].map(([code, n]) => `bc_live_closed_total{code="${code}"} ${n}`),
-            "# TYPE process_resident_memory_bytes gauge",
-            `process_resident_memory_bytes ${mem.rss}`,
-            "",
-          ].join("\n"),
-        );
+      try {
+        const text = await metrics.render();
+        return void res.writeHead(200, { "content-type": metrics.contentType }).end(text);
+      } catch (e) {
+        platform.log.warn("metrics could not be gathered", { err: String(e) });
+        return void res.writeHead(503, { "content-type": "text/plain" }).end("metrics unavailable\n");
+      }
     }
     if (path === "/usage.csv" && req.method === "GET")
       return serveUsageCsv(platform, req, res, () => principalFor(credentialChecker(platform, req.headers.authorization ?? null), req.headers.authorization));

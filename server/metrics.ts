@@ -1,0 +1,133 @@
+import type { DocumentNode, OperationDefinitionNode } from "graphql";
+import type { Plugin } from "graphql-yoga";
+import { Counter, collectDefaultMetrics, Gauge, Histogram, Registry } from "prom-client";
+import type { Platform } from "../infra/platform.ts";
+import type { LiveHub } from "./live/hub.ts";
+
+/**
+ * `/metrics` (Prometheus text format, prom-client): this server's GraphQL traffic, live connections and events,
+ * what its writes did, and — read from the database and the job queues at each scrape, so any replica shows
+ * the fleet — instances by state per pool, each host's report age and the job queues' depth.
+ */
+export function serverMetrics(platform: Platform, hub: LiveHub, liveOperations: () => number) {
+  const registry = new Registry();
+  const registers = [registry];
+  collectDefaultMetrics({ register: registry });
+
+  const requests = new Counter({
+    name: "bc_graphql_requests_total",
+    help: "GraphQL operations executed, by operation name, type and outcome (ok, or the error code).",
+    labelNames: ["operation", "type", "outcome"],
+    registers,
+  });
+  const latency = new Histogram({
+    name: "bc_graphql_request_duration_seconds",
+    help: "Time to execute a GraphQL query or mutation, by operation name and type.",
+    labelNames: ["operation", "type"],
+    buckets: [0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5],
+    registers,
+  });
+  /** A counter whose value lives elsewhere (the hub, the platform): set to it at each scrape. */
+  const mirror = (name: string, help: string, value: () => number) =>
+    new Counter({
+      name,
+      help,
+      registers,
+      collect() {
+        this.reset();
+        this.inc(value());
+      },
+    });
+  const gauge = (name: string, help: string, value: () => number) =>
+    new Gauge({
+      name,
+      help,
+      registers,
+      collect() {
+        this.set(value());
+      },
+    });
+  gauge("bc_live_connections", "Open websocket connections.", () => hub.connections.size);
+  gauge("bc_live_subscriptions", "Active subscriptions on those connections.", () => hub.subscriptions());
+  gauge("bc_live_operations", "Subscription sources open (shared sources count once).", liveOperations);
+  mirror("bc_live_events_delivered_total", "Instance events handed to this server's subscribers.", () => hub.feed.delivered);
+  mirror("bc_events_published_total", "Instance events this process's writes published.", () => platform.counts.eventsPublished);
+  mirror("bc_writes_total", "Transactions this process's write path committed.", () => platform.counts.writes);
+  mirror("bc_write_retries_total", "Writes run again after a deadlock or serialisation failure.", () => platform.counts.retries);
+  new Counter({
+    name: "bc_live_closed_total",
+    help: "Connections this server closed, by close code.",
+    labelNames: ["code"],
+    registers,
+    collect() {
+      this.reset();
+      for (const [code, n] of hub.closedBy) this.inc({ code: String(code) }, n);
+    },
+  });
+  new Gauge({
+    name: "bc_instances",
+    help: "Instances that are not deleted, by pool and state.",
+    labelNames: ["pool", "state"],
+    registers,
+    async collect() {
+      const rows = await platform.read((sql) =>
+        sql.query<{ pool: string; state: string; n: number }>(
+          `SELECT pool_id AS pool, state, count(*)::int AS n FROM instances WHERE state <> 'deleted' GROUP BY 1, 2`,
+        ),
+      );
+      this.reset();
+      for (const r of rows) this.set({ pool: r.pool, state: r.state }, r.n);
+    },
+  });
+  new Gauge({
+    name: "bc_host_report_age_seconds",
+    help: "Seconds since each host's last report (hosts that never reported are left out).",
+    labelNames: ["pool", "node"],
+    registers,
+    async collect() {
+      const rows = await platform.read((sql) =>
+        sql.query<{ pool: string; node: string; at: Date }>(
+          `SELECT pool_id AS pool, name AS node, last_report_at AS at FROM nodes WHERE gone_at IS NULL AND last_report_at IS NOT NULL`,
+        ),
+      );
+      this.reset();
+      const now = platform.now().getTime();
+      for (const r of rows) this.set({ pool: r.pool, node: r.node }, Math.max(0, (now - r.at.getTime()) / 1000));
+    },
+  });
+  new Gauge({
+    name: "bc_jobs",
+    help: "Jobs of each catalog entry waiting (due or delayed) and running.",
+    labelNames: ["job", "status"],
+    registers,
+    async collect() {
+      this.reset();
+      for (const d of await platform.jobs.depth()) {
+        this.set({ job: d.name, status: "waiting" }, d.waiting);
+        this.set({ job: d.name, status: "active" }, d.active);
+      }
+    },
+  });
+
+  /** Counts and times each query and mutation (subscriptions are the live gauges' business). */
+  const plugin: Plugin = {
+    onExecute: ({ args }) => {
+      const op = (args.document as DocumentNode).definitions.find((d): d is OperationDefinitionNode => d.kind === "OperationDefinition");
+      const type = op?.operation ?? "query";
+      const operation = args.operationName ?? op?.name?.value ?? "anonymous";
+      const stop = latency.startTimer({ operation, type });
+      return {
+        onExecuteDone: ({ result }) => {
+          stop();
+          const errors = "errors" in result ? result.errors : undefined;
+          // Our errors carry their code on the original error until the response is masked.
+          const first = errors?.[0] as { extensions?: { code?: unknown }; originalError?: { code?: unknown } } | undefined;
+          const code = first?.extensions?.code ?? first?.originalError?.code;
+          requests.inc({ operation, type, outcome: errors?.length ? String(code ?? "ERROR") : "ok" });
+        },
+      };
+    },
+  };
+
+  return { registry, plugin, contentType: registry.contentType, render: () => registry.metrics() };
+}
