@@ -11,6 +11,8 @@ export interface Bus {
   /** `key` narrows a channel to one subject (a node's specs), so subscribers hear only theirs. */
   publish<K extends keyof Channels>(channel: K, message: Channels[K], key?: string): void;
   subscribe<K extends keyof Channels>(channel: K, key?: string): AsyncIterable<Channels[K]> & AsyncIterator<Channels[K]>;
+  /** Resolves when the bus can carry a message now (Redis answers); for /readyz. */
+  ping(): Promise<void>;
   close(): Promise<void>;
 }
 
@@ -21,6 +23,7 @@ export async function openBus(opts: { redisUrl?: string; prefix: string }): Prom
     return {
       publish: (c, m, k) => pubsub.publish(topic(c, k), m),
       subscribe: (c, k) => pubsub.subscribe(topic(c, k)) as never,
+      ping: async () => {},
       close: async () => {},
     };
   }
@@ -32,6 +35,7 @@ export async function openBus(opts: { redisUrl?: string; prefix: string }): Prom
   return {
     publish: (c, m, k) => pubsub.publish(topic(c, k), m),
     subscribe: (c, k) => pubsub.subscribe(topic(c, k)) as never,
+    ping: async () => void (await publishClient.ping()),
     close: async () => {
       publishClient.disconnect();
       subscribeClient.disconnect();

@@ -7,6 +7,7 @@ import { WebSocketServer } from "ws";
 import { AppError, isAppError } from "../contracts/errors.ts";
 import { authenticate } from "../core/auth/authenticate.ts";
 import type { Principal } from "../core/auth/principal.ts";
+import { pendingMigrations } from "../infra/db/migrate.ts";
 import type { Platform } from "../infra/platform.ts";
 import type { Context } from "./context.ts";
 import { asInvalidInput, toClientError } from "./errors.ts";
@@ -106,12 +107,27 @@ export async function startServer(platform: Platform, opts: { port?: number; hos
     const path = (req.url ?? "/").split("?")[0];
     if (path === "/healthz") return void res.writeHead(200, { "content-type": "text/plain" }).end("ok\n");
     if (path === "/readyz") {
-      try {
-        await platform.read((sql) => sql.query("SELECT 1"));
-        return void res.writeHead(200, { "content-type": "text/plain" }).end("ready\n");
-      } catch {
-        return void res.writeHead(503, { "content-type": "text/plain" }).end("database unavailable\n");
-      }
+      // Ready: the database answers and has every migration this build knows, and the bus (Redis) answers.
+      const checks: Record<string, string> = {};
+      const check = async (name: string, probe: () => Promise<string | null>) => {
+        try {
+          checks[name] = (await probe()) ?? "ok";
+        } catch (e) {
+          checks[name] = `unavailable: ${e instanceof Error ? e.message : String(e)}`;
+        }
+      };
+      await Promise.all([
+        check("database", async () => {
+          const pending = await platform.read((sql) => pendingMigrations(sql));
+          return pending.length ? `migrations not applied: ${pending.join(", ")}` : null;
+        }),
+        check("bus", async () => {
+          await platform.bus.ping();
+          return null;
+        }),
+      ]);
+      const ready = Object.values(checks).every((v) => v === "ok");
+      return void res.writeHead(ready ? 200 : 503, { "content-type": "application/json" }).end(`${JSON.stringify({ ready, ...checks })}\n`);
     }
     if (path === "/metrics") {
       try {

@@ -57,3 +57,18 @@ export async function migrate(sql: SqlRunner, dir = migrationsDir): Promise<stri
   }
   return applied;
 }
+
+/** Migrations in `dir` that the database has not applied (for /readyz: a server ahead of its schema is not ready). */
+export async function pendingMigrations(sql: Pick<SqlRunner, "query">, dir = migrationsDir): Promise<string[]> {
+  const names = existsSync(dir)
+    ? readdirSync(dir, { withFileTypes: true })
+        .filter((d) => d.isDirectory())
+        .map((d) => d.name)
+    : [];
+  const done = new Set(
+    (await sql.query<{ name: string }>(`SELECT migration_name AS name FROM "_prisma_migrations" WHERE finished_at IS NOT NULL AND rolled_back_at IS NULL`)).map(
+      (r) => r.name,
+    ),
+  );
+  return names.filter((n) => !done.has(n)).sort();
+}

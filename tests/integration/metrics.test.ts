@@ -31,6 +31,27 @@ const value = (m: Map<string, Family>, name: string, labels: Record<string, stri
     .filter((x) => Object.entries(labels).every(([k, v]) => x.labels?.[k] === v))
     .reduce((sum, x) => sum + Number(x.value ?? x.count ?? 0), 0);
 
+describe("/readyz", () => {
+  it("is ready with the database migrated and the bus answering, and says which migration is missing otherwise", async () => {
+    const readyz = async () => {
+      const res = await fetch(hosts.h.url.replace(/\/graphql$/, "/readyz"));
+      return { status: res.status, body: (await res.json()) as Record<string, unknown> };
+    };
+    expect(await readyz()).toEqual({ status: 200, body: { ready: true, database: "ok", bus: "ok" } });
+    const sql = (text: string) => hosts.h.platform.db.prisma.$executeRawUnsafe(text);
+    const [last] = await hosts.h.platform.db.prisma.$queryRawUnsafe<{ name: string }[]>(
+      `SELECT migration_name AS name FROM "_prisma_migrations" ORDER BY migration_name DESC LIMIT 1`,
+    );
+    await sql(`UPDATE "_prisma_migrations" SET rolled_back_at = now() WHERE migration_name = '${last?.name}'`);
+    try {
+      expect(await readyz()).toEqual({ status: 503, body: { ready: false, database: `migrations not applied: ${last?.name}`, bus: "ok" } });
+    } finally {
+      await sql(`UPDATE "_prisma_migrations" SET rolled_back_at = NULL WHERE migration_name = '${last?.name}'`);
+    }
+    expect((await readyz()).status).toBe(200);
+  });
+});
+
 describe("/metrics", () => {
   it("parses as Prometheus text and moves with the churn: requests, latency, events, connections, instances, hosts, jobs", async () => {
     const before = await scrape();
