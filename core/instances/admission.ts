@@ -1,7 +1,7 @@
 import { z } from "zod";
 import { AppError, notFound } from "../../contracts/errors.ts";
 import type { NetworkPolicy } from "../../contracts/host.ts";
-import { openSpan } from "../books/spans.ts";
+import { openSpan, spanOwner } from "../books/spans.ts";
 import { chargeOf, type Shape, shape as shapeSchema } from "../catalog/shapes.ts";
 import { instanceId } from "../kernel/ids.ts";
 import type { Sealer } from "../kernel/seal.ts";
@@ -173,9 +173,7 @@ export async function admitInstance(w: Write, deps: AdmissionDeps, caller: Calle
   const { eventId, ...instance } = row as Instance & { eventId: string };
   w.event(eventMessage(instance, null, eventId));
   // Metering counts the allocation from now: a warm instance's is the operator's until a claim.
-  const warm = opts.sandbox?.warmTemplate !== undefined;
-  if (placed.allocationId)
-    await openSpan(w, placed.allocationId, { instanceId: id, tenantId: warm ? null : caller.tenantId, projectId: instance.projectId, warm });
+  if (placed.allocationId) await openSpan(w, placed.allocationId, spanOwner(instance));
   if (opts.audit !== false)
     w.audit({
       targetId: id,

@@ -2,7 +2,7 @@ import { z } from "zod";
 import { AppError, invalid, notFound } from "../../contracts/errors.ts";
 import type { Principal } from "../auth/principal.ts";
 import { visibleTo } from "../auth/principal.ts";
-import { closeSpan, openSpan } from "../books/spans.ts";
+import { closeSpan, openSpan, spanOwner } from "../books/spans.ts";
 import { chargeOf } from "../catalog/shapes.ts";
 import { type AdmissionDeps, admitInstance } from "../instances/admission.ts";
 import { lockInstance, writeChange } from "../instances/changes.ts";
@@ -177,17 +177,17 @@ async function claimWarm(w: Write, t: SandboxTemplate, who: Principal & { tenant
   const charge = chargeOf(inst);
   if (inst.nodeId)
     await enqueueCommand(w, { nodeId: inst.nodeId, instanceId: inst.id, kind: "instance.resume", args: { instanceId: inst.id }, timeoutMs: 60_000 });
-  // From now the allocation is the tenant's to pay for, not the operator's.
-  if (inst.allocationId) {
-    await closeSpan(w, inst.allocationId);
-    await openSpan(w, inst.allocationId, { instanceId: inst.id, tenantId: who.tenantId, projectId: inst.projectId, warm: false });
-  }
   const claimed = await writeChange(
     w,
     inst,
     { desired_state: "running", sandbox_id: sbx, claimed_at: w.now, owner_identity_id: who.identityId, charge, charge_released: false },
     "sandbox:claimed",
   );
+  // From now the allocation is the tenant's to pay for, not the operator's.
+  if (claimed.allocationId) {
+    await closeSpan(w, claimed.allocationId);
+    await openSpan(w, claimed.allocationId, spanOwner(claimed));
+  }
   // The quota row after the node's (the change above bumps its spec), as admission and deletion take them:
   // the other way round, a claim and an instance reaching `deleted` on that node deadlocked.
   await chargeQuota(w.sql, who.tenantId, charge);
