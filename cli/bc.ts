@@ -33,7 +33,7 @@ BC_DATA_DIR, VPS_RUNTIMES, PROVIDERS, VPS_HOST_NETWORK, LOG_LEVEL) over an optio
  * host's memory, so commands are imported when chosen.
  */
 /** The client's commands (./client.ts), which also take their global flags first: `bc --json instances list`. */
-const CLIENT = new Set(["login", "instances", "sandboxes", "pools", "nodes", "usage", "tokens"]);
+const CLIENT = new Set(["login", "instances", "sandboxes", "pools", "nodes", "usage", "tokens", "doctor"]);
 
 async function main(argv: string[]) {
   const [command, ...rest] = argv;
@@ -53,7 +53,6 @@ async function main(argv: string[]) {
     case "migrate":
       return (await import("./migrate.ts")).migrateCommand(rest);
     case "doctor":
-      return (await import("./doctor.ts")).doctorCommand(rest);
     case "login":
     case "instances":
     case "sandboxes":

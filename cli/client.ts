@@ -5,7 +5,7 @@ import * as bc from "../sdk/client.ts";
 import { clientConfigPath, clientSettings } from "./config.ts";
 
 /**
- * `bc` for people and scripts: instances, sandboxes, pools, nodes, usage and tokens through the API, as tables
+ * `bc` for people and scripts: instances, sandboxes, pools, nodes, usage, tokens and the doctor through the API, as tables
  * (or `--json`), with exit codes that name the failure. Built on commander; the URL and token come from flags,
  * the environment or what `bc login` saved (./config.ts).
  */
@@ -209,6 +209,17 @@ export function clientProgram(): Command {
             ])
           : "no usage\n",
       );
+    });
+  program
+    .command("doctor")
+    .description("what an operator should fix, most severe first; exits 1 while any finding is an error")
+    .action(async () => {
+      const order = { ERROR: 0, WARNING: 1, INFO: 2 } as const;
+      const findings = (await client().request(bc.DoctorDocument)).doctor.toSorted((a, b) => order[a.severity] - order[b.severity] || a.id.localeCompare(b.id));
+      print(findings, (l) =>
+        l.length ? l.map((f) => `${f.severity.padEnd(7)} ${f.id}  ${f.subject}\n        ${f.message}\n        fix: ${f.hint}\n`).join("") : "no findings\n",
+      );
+      if (findings.some((f) => f.severity === "ERROR")) process.exitCode = 1;
     });
   const tokens = program.command("tokens").description("API tokens (operators): create, revoke");
   tokens
