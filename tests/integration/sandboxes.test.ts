@@ -1,4 +1,5 @@
 import { join } from "node:path";
+import type { TypedDocumentNode } from "@graphql-typed-document-node/core";
 import pg from "pg";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { clearFailures, injectFailure } from "../../agent/runtimes/fake/index.ts";
@@ -64,6 +65,18 @@ const template = async (extra: Record<string, unknown> = {}, who: Tenant = t) =>
 const sandboxState = async (id: string) => (await t.client.request(SandboxDocument, { id })).sandbox?.state;
 const waitSandbox = (id: string, state: string) => expect.poll(() => sandboxState(id), { timeout: 20_000, interval: 25 }).toBe(state);
 const warmOf = async (id: string) => (await t.client.request(SandboxTemplateDocument, { id })).sandboxTemplate?.warm;
+/** Another tenant subscribing to a sandbox's stream: refused as not found, as if it did not exist. */
+async function expectSubscriptionNotFound<R, V extends Record<string, unknown>>(token: string, doc: TypedDocumentNode<R, V>, variables: V) {
+  const ws = await createWsClient({ url: hosts.h.url, token, retryAttempts: 0 });
+  try {
+    const refused = (async () => {
+      for await (const _ of ws.subscribe(doc, variables)) void _;
+    })();
+    await expect(refused).rejects.toMatchObject({ code: "NOT_FOUND" });
+  } finally {
+    await ws.dispose();
+  }
+}
 
 describe("sandbox templates", () => {
   it("are checked, versioned, and another tenant's are not found", async () => {
@@ -177,15 +190,7 @@ describe("sandbox events", () => {
       const resumed = await read(all[1]?.cursor as string, (e) => e.state === "RUNNING");
       expect(resumed.map((e) => e.cursor)).toEqual(all.slice(2).map((e) => e.cursor));
       const other = await hosts.h.tenant();
-      const ows = await createWsClient({ url: hosts.h.url, token: other.token, retryAttempts: 0 });
-      try {
-        const refused = (async () => {
-          for await (const _ of ows.subscribe(SandboxEventsDocument, { sandboxId: s.id })) void _;
-        })();
-        await expect(refused).rejects.toMatchObject({ code: "NOT_FOUND" });
-      } finally {
-        await ows.dispose();
-      }
+      await expectSubscriptionNotFound(other.token, SandboxEventsDocument, { sandboxId: s.id });
     } finally {
       await ws.dispose();
     }
@@ -237,15 +242,7 @@ describe("exec", () => {
       expect(slow.at(-1)).toMatchObject({ stream: "EXIT", exitCode: null, timedOut: true });
 
       const other = await hosts.h.tenant();
-      const ows = await createWsClient({ url: hosts.h.url, token: other.token, retryAttempts: 0 });
-      try {
-        const refused = (async () => {
-          for await (const _ of ows.subscribe(SandboxExecDocument, { sandboxId: s.id, command: ["true"] })) void _;
-        })();
-        await expect(refused).rejects.toMatchObject({ code: "NOT_FOUND" });
-      } finally {
-        await ows.dispose();
-      }
+      await expectSubscriptionNotFound(other.token, SandboxExecDocument, { sandboxId: s.id, command: ["true"] });
     } finally {
       await ws.dispose();
     }
