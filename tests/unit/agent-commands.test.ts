@@ -397,7 +397,8 @@ describe("exec commands", () => {
     await r.receive(exec("cmd_go", A, ["touch", "go"]));
     await waiting;
     await until("both final reports", () => finals(sent).length === 2);
-    expect(finals(sent).map((s) => [s.id, s.state])).toEqual([
+    // Which final report goes first is a race between two processes exiting; both must succeed.
+    expect(finals(sent).map((s) => [s.id, s.state]).sort()).toEqual([
       ["cmd_go", "succeeded"],
       ["cmd_wait", "succeeded"],
     ]);
