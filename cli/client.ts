@@ -194,7 +194,7 @@ export function clientProgram(): Command {
     .requiredOption("--from <time>", "RFC 3339")
     .requiredOption("--to <time>", "RFC 3339")
     .option("--tenant <id>")
-    .option("--group-by <groups>", "comma-separated: tenant, project, instance", "tenant")
+    .option("--group-by <groups>", "comma-separated: tenant, project, instance, meter, hour, day", "tenant")
     .action(async (o: { from: string; to: string; tenant?: string; groupBy: string }) => {
       const groupBy = o.groupBy
         .split(",")
@@ -204,8 +204,8 @@ export function clientProgram(): Command {
       print(usage, (l) =>
         l.length
           ? table([
-              ["METER", "TENANT", "PROJECT", "INSTANCE", "QUANTITY", "UNIT"],
-              ...l.map((r) => [r.meter, r.tenantId, r.projectId, r.instanceId, r.quantity.toFixed(4), r.unit]),
+              ["START", "METER", "TENANT", "PROJECT", "INSTANCE", "QUANTITY", "UNIT"],
+              ...l.map((r) => [r.start, r.meter, r.tenantId, r.projectId, r.instanceId, r.quantity.toFixed(4), r.unit]),
             ])
           : "no usage\n",
       );

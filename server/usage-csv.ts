@@ -6,10 +6,10 @@ import type { Platform } from "../infra/platform.ts";
 import { parseDateTime } from "./schema/builder.ts";
 
 const STATUS: Record<string, number> = { UNAUTHENTICATED: 401, FORBIDDEN: 403, NOT_FOUND: 404, INVALID_INPUT: 400 };
-const GROUPS = new Set(["tenant", "project", "instance", "meter"]);
+const GROUPS = new Set(["tenant", "project", "instance", "meter", "hour", "day"]);
 
 /**
- * `GET /usage.csv?from=…&to=…[&tenantId=…][&groupBy=tenant,project,instance,meter]` with the same bearer token
+ * `GET /usage.csv?from=…&to=…[&tenantId=…][&groupBy=tenant,project,instance,meter,hour,day]` with the same bearer token
  * and rules as the `usage` query: the same rows, as CSV. Refusals are JSON `{ code, message }` with their status.
  */
 export async function serveUsageCsv(platform: Platform, req: IncomingMessage, res: ServerResponse, principal: () => Promise<Principal | null>): Promise<void> {
@@ -31,7 +31,7 @@ export async function serveUsageCsv(platform: Platform, req: IncomingMessage, re
       .filter(Boolean)
       .map((g) => g.toLowerCase());
     const unknown = groupBy.find((g) => !GROUPS.has(g));
-    if (unknown) return fail("INVALID_INPUT", `groupBy: ${JSON.stringify(unknown.slice(0, 40))} is not one of tenant, project, instance, meter`);
+    if (unknown) return fail("INVALID_INPUT", `groupBy: ${JSON.stringify(unknown.slice(0, 40))} is not one of tenant, project, instance, meter, hour, day`);
     const rows = await platform.read((sql) => usage(sql, who, { from, to, tenantId: q.get("tenantId"), groupBy: groupBy as UsageGroup[] }));
     res.writeHead(200, { "content-type": "text/csv; charset=utf-8", "content-disposition": 'attachment; filename="usage.csv"' }).end(usageCsv(rows));
   } catch (e) {

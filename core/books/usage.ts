@@ -76,9 +76,12 @@ export async function meterUsage(write: (fn: (w: Write) => Promise<boolean>) => 
   return closed;
 }
 
-export type UsageGroup = "tenant" | "project" | "instance" | "meter";
+/** `hour` and `day` split the rows by the UTC hour or day their windows start in (the row's `start`). */
+export type UsageGroup = "tenant" | "project" | "instance" | "meter" | "hour" | "day";
 
 export interface UsageRow {
+  /** The start of the hour or day the row sums, when grouped by one; else null. */
+  start: Date | null;
   meter: string;
   tenantId: string | null;
   projectId: string | null;
@@ -104,9 +107,19 @@ export async function usage(
   }
   const groups = new Set<UsageGroup>(q.groupBy?.length ? q.groupBy : ["tenant", "meter"]);
   const col = (g: UsageGroup, name: string, as: string) => (groups.has(g) ? `${name} AS "${as}"` : `NULL::text AS "${as}"`);
-  const by = ["meter", ...(["tenant", "project", "instance"] as const).filter((g) => groups.has(g)).map((g) => `${g}_id`)];
-  const rows = await sql.query<{ meter: string; tenantId: string | null; projectId: string | null; instanceId: string | null; amount: string }>(
-    `SELECT meter, ${col("tenant", "tenant_id", "tenantId")}, ${col("project", "project_id", "projectId")}, ${col("instance", "instance_id", "instanceId")},
+  // A day is finer than nothing and coarser than an hour: asked for both, the hour wins.
+  const step = groups.has("hour") ? "hour" : groups.has("day") ? "day" : null;
+  const start = step ? `date_trunc('${step}', window_start, 'UTC')` : "NULL::timestamptz";
+  const by = [...(step ? ["1"] : []), "meter", ...(["tenant", "project", "instance"] as const).filter((g) => groups.has(g)).map((g) => `${g}_id`)];
+  const rows = await sql.query<{
+    start: Date | null;
+    meter: string;
+    tenantId: string | null;
+    projectId: string | null;
+    instanceId: string | null;
+    amount: string;
+  }>(
+    `SELECT ${start} AS start, meter, ${col("tenant", "tenant_id", "tenantId")}, ${col("project", "project_id", "projectId")}, ${col("instance", "instance_id", "instanceId")},
             sum(amount)::text AS amount
        FROM usage_records
       WHERE window_start >= $1 AND window_start < $2 AND ($3::text IS NULL OR tenant_id = $3) AND ($4 OR tenant_id IS NOT NULL)
@@ -115,7 +128,15 @@ export async function usage(
   );
   return rows.map((r) => {
     const m = meterOf(r.meter);
-    return { meter: r.meter, tenantId: r.tenantId, projectId: r.projectId, instanceId: r.instanceId, quantity: Number(r.amount) / m.perHour, unit: m.unit };
+    return {
+      start: r.start ? new Date(r.start) : null,
+      meter: r.meter,
+      tenantId: r.tenantId,
+      projectId: r.projectId,
+      instanceId: r.instanceId,
+      quantity: Number(r.amount) / m.perHour,
+      unit: m.unit,
+    };
   });
 }
 
@@ -125,6 +146,6 @@ export function usageCsv(rows: readonly UsageRow[]): string {
     const s = v === null ? "" : String(v);
     return /[",\r\n]/.test(s) ? `"${s.replace(/"/g, '""')}"` : s;
   };
-  const lines = rows.map((r) => [r.meter, r.tenantId, r.projectId, r.instanceId, r.quantity, r.unit].map(cell).join(","));
-  return `${["meter", "tenantId", "projectId", "instanceId", "quantity", "unit"].join(",")}\r\n${lines.map((l) => `${l}\r\n`).join("")}`;
+  const lines = rows.map((r) => [r.meter, r.tenantId, r.projectId, r.instanceId, r.quantity, r.unit, r.start?.toISOString() ?? null].map(cell).join(","));
+  return `${["meter", "tenantId", "projectId", "instanceId", "quantity", "unit", "start"].join(",")}\r\n${lines.map((l) => `${l}\r\n`).join("")}`;
 }

@@ -40,7 +40,7 @@ afterAll(() => hosts?.close());
 const meter = () => meterUsage((fn) => hosts.h.platform.write({ actor: "usage" }, fn));
 const stateOf = async (id: string) => (await t.client.request(InstanceDocument, { id })).instance?.state;
 const waitState = (id: string, want: string) => until(`${id} ${want}`, async () => (await stateOf(id)) === want, 20_000);
-const usageOf = async (groupBy: ("TENANT" | "INSTANCE" | "METER" | "PROJECT")[] = ["INSTANCE"], who = hosts.h.operator) =>
+const usageOf = async (groupBy: ("TENANT" | "INSTANCE" | "METER" | "PROJECT" | "HOUR" | "DAY")[] = ["INSTANCE"], who = hosts.h.operator) =>
   (await who.request(UsageDocument, { from: new Date(T0 - 3600_000).toISOString(), to: new Date(T0 + 24 * 3600_000).toISOString(), groupBy })).usage;
 const find = (rows: UsageRow[] | Awaited<ReturnType<typeof usageOf>>, meterName: string, instanceId?: string) =>
   rows.find((r) => r.meter === meterName && (instanceId === undefined || r.instanceId === instanceId))?.quantity;
@@ -127,6 +127,29 @@ describe("metering", () => {
     expect(find(await usageOf(), "vps.vcpu.hours", inst.id)).toBeCloseTo((100 / 60) * 2, 9);
   });
 
+  it("splits usage by the UTC hour or day its windows start in, summing to the same total", async () => {
+    at(300); // 05:02:30
+    const { createInstance: inst } = await t.client.request(CreateInstanceDocument, {
+      input: { poolId: hosts.poolId, flavor: "medium", imageId: hosts.imageId },
+    });
+    await waitState(inst.id, "RUNNING");
+    at(400); // 06:42:30
+    await t.client.request(DeleteInstanceDocument, { id: inst.id });
+    await waitState(inst.id, "DELETED");
+    at(410);
+    while ((await meter()) > 0);
+    const vcpu = (rows: Awaited<ReturnType<typeof usageOf>>) => rows.filter((r) => r.meter === "vps.vcpu.hours" && r.instanceId === inst.id);
+    const hourly = vcpu(await usageOf(["INSTANCE", "HOUR"]));
+    expect(hourly.map((r) => [r.start, Number(r.quantity.toFixed(9))])).toEqual([
+      ["2030-01-01T05:00:00.000Z", Number(((57.5 / 60) * 2).toFixed(9))],
+      ["2030-01-01T06:00:00.000Z", Number(((42.5 / 60) * 2).toFixed(9))],
+    ]);
+    const daily = vcpu(await usageOf(["INSTANCE", "DAY"]));
+    expect(daily.map((r) => r.start)).toEqual(["2030-01-01T00:00:00.000Z"]);
+    expect(daily[0]?.quantity).toBeCloseTo((100 / 60) * 2, 9);
+    expect(vcpu(await usageOf(["INSTANCE"]))[0]?.start).toBeNull();
+  });
+
   it("shows tenants their own usage only, and serves the same rows as CSV with the same auth", async () => {
     const own = await usageOf(["TENANT"], t.client);
     expect(own.length).toBeGreaterThan(0);
@@ -141,8 +164,16 @@ describe("metering", () => {
     expect(csv.status).toBe(200);
     expect(csv.headers.get("content-type")).toMatch(/^text\/csv/);
     const lines = (await csv.text()).trim().split("\r\n");
-    expect(lines[0]).toBe("meter,tenantId,projectId,instanceId,quantity,unit");
-    expect(lines.slice(1).sort()).toEqual(own.map((r) => [r.meter, r.tenantId, "", "", r.quantity, r.unit].join(",")).sort());
+    expect(lines[0]).toBe("meter,tenantId,projectId,instanceId,quantity,unit,start");
+    expect(lines.slice(1).sort()).toEqual(own.map((r) => [r.meter, r.tenantId, "", "", r.quantity, r.unit, ""].join(",")).sort());
+    const hourly = await fetch(url(`${range}&groupBy=tenant,hour`), { headers: { authorization: `Bearer ${t.token}` } });
+    expect(
+      (await hourly.text())
+        .trim()
+        .split("\r\n")
+        .slice(1)
+        .every((l) => /,\d{4}-\d\d-\d\dT\d\d:00:00\.000Z$/.test(l)),
+    ).toBe(true);
     expect((await fetch(url(range))).status).toBe(401);
     expect((await fetch(url("from=yesterday&to=now"), { headers: { authorization: `Bearer ${t.token}` } })).status).toBe(400);
     expect((await fetch(url(`${range}&tenantId=${other.id}`), { headers: { authorization: `Bearer ${t.token}` } })).status).toBe(404);
