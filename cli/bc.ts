@@ -5,7 +5,7 @@ const usage = `bc — the Better Compute control plane
   bc dev [--sim N]       the whole platform in one process: server, worker and N simulated hosts; embedded
                          (PGlite under .data/, in-memory pub/sub and jobs) unless DATABASE_URL / REDIS_URL
   bc server              the GraphQL API (HTTP + websocket) and host gateway on PORT; needs SEAL_KEY
-  bc worker              the reconcilers and periodic jobs (BullMQ on REDIS_URL)
+  bc worker              the reconcilers and periodic jobs (BullMQ on REDIS_URL); /metrics on METRICS_PORT if set
   bc agent --server URL [--join-token T] [--runtime fake] [--name N] [--state-dir D] [--heartbeat-ms MS]
            [--vcpus N --memory-mib N --disk-gib N] [--delay-ms MS]   (a simulated host: what it offers, how slow)
            [--runtime libvirt-kvm [--domain-type auto|kvm|qemu] [--kernel F --initrd F --cmdline S]
@@ -25,7 +25,7 @@ const usage = `bc — the Better Compute control plane
   bc schema              print the GraphQL schema (what schema.graphql holds)
 
 Configuration: environment (PORT, HOST, DATABASE_URL, REDIS_URL, REDIS_PREFIX, OPERATOR_TOKEN, SEAL_KEY,
-BC_DATA_DIR, VPS_RUNTIMES, PROVIDERS, VPS_HOST_NETWORK, LOG_LEVEL) over an optional compute.config.ts.
+BC_DATA_DIR, VPS_RUNTIMES, PROVIDERS, VPS_HOST_NETWORK, LOG_LEVEL, METRICS_PORT) over an optional compute.config.ts.
 `;
 
 /**

@@ -23,6 +23,7 @@ export const envSecret = (name: string): string | undefined => process.env[name]
 export interface ConfigFile {
   port?: number;
   host?: string;
+  metricsPort?: number;
   databaseUrl?: string;
   redisUrl?: string;
   dataDir?: string;
@@ -61,6 +62,11 @@ const resolverOf = <T>(what: string) =>
 const schema = z.object({
   port: z.coerce.number().int().min(0).max(65535).default(4000),
   host: z.string().min(1).default("127.0.0.1"),
+  /**
+   * `bc worker`'s own /metrics, on `host`: unset, none (a worker opens no port it was not asked for, and several
+   * may share a machine); 0 takes a free port and prints it. The server's /metrics is on its API port.
+   */
+  metricsPort: z.coerce.number().int().min(0).max(65535).optional(),
   databaseUrl: z
     .string()
     .regex(/^postgres(ql)?:\/\//, "must be a postgres:// URL")
@@ -206,6 +212,7 @@ export function readEnv(env: NodeJS.ProcessEnv): Record<string, unknown> {
   return prune({
     port: env.PORT,
     host: env.HOST,
+    metricsPort: env.METRICS_PORT,
     databaseUrl: env.DATABASE_URL,
     redisUrl: env.REDIS_URL,
     redisPrefix: env.REDIS_PREFIX,

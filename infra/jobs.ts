@@ -8,14 +8,35 @@ import type { Logger } from "./log.ts";
 export interface Jobs {
   /** Wake a job; with `delayMs`, not before then (a job of that id already waiting keeps its own time). */
   enqueue<N extends JobName>(name: N, payload: JobPayload<N>, opts?: { delayMs?: number }): Promise<void>;
-  /** Run the catalog's jobs in this process with these handlers (the worker). */
-  run(handlers: Handlers, config: Config, log: Logger): Promise<{ close(): Promise<void> }>;
+  /** Run the catalog's jobs in this process with these handlers (the worker), telling `observe` how each went. */
+  run(handlers: Handlers, config: Config, log: Logger, observe?: JobObserver): Promise<{ close(): Promise<void> }>;
   /** Jobs of each catalog entry waiting to run (due or delayed) and running now, for /metrics. */
   depth(): Promise<{ name: JobName; waiting: number; active: number }[]>;
   close(): Promise<void>;
 }
 
 export type Handlers = { [N in JobName]: (payload: JobPayload<N>) => Promise<void> };
+
+/**
+ * What the worker times (worker/metrics.ts). `waited`: from when the job was due — enqueued, or its delay over —
+ * to its start, for a first attempt only (a retry's wait is its backoff). `ran`: each attempt's run.
+ */
+export interface JobObserver {
+  waited(name: JobName, seconds: number): void;
+  ran(name: JobName, seconds: number, outcome: "ok" | "failed"): void;
+}
+
+/** Runs one attempt of a job, telling the observer how long it ran and whether it threw. */
+async function timed(name: JobName, observe: JobObserver | undefined, fn: () => Promise<void>): Promise<void> {
+  const start = performance.now();
+  let outcome: "ok" | "failed" = "failed";
+  try {
+    await fn();
+    outcome = "ok";
+  } finally {
+    observe?.ran(name, (performance.now() - start) / 1000, outcome);
+  }
+}
 
 /** BullMQ queue names cannot hold `:`; the catalog's dotted names map to one queue each. */
 export const queueName = (name: JobName) => name.replace(/[^A-Za-z0-9_.-]/g, "-");
@@ -65,13 +86,15 @@ export function bullJobs(opts: { redisUrl: string; prefix: string }): Jobs {
   }
   return {
     enqueue,
-    async run(handlers, config, log) {
+    async run(handlers, config, log, observe) {
       const workers: Worker[] = [];
       for (const name of Object.keys(jobCatalog) as JobName[]) {
         const spec = jobCatalog[name];
         const processJob = async (job: Job) => {
+          // Both times are Date.now() readings, the producer's and this worker's: a skewed clock is clamped, not negative.
+          if (job.attemptsMade === 0) observe?.waited(name, Math.max(0, (job.processedOn ?? Date.now()) - job.timestamp - (job.delay ?? 0)) / 1000);
           if (job.id) await marks().del(wokenKey(name, job.id));
-          return handlers[name](spec.payload.parse(job.data) as never);
+          return timed(name, observe, () => handlers[name](spec.payload.parse(job.data) as never));
         };
         const worker = new Worker(queueName(name), processJob, {
           connection,
@@ -121,12 +144,14 @@ export function bullJobs(opts: { redisUrl: string; prefix: string }): Jobs {
  * it runs again once the current run ends. Jobs wait until `run` provides the handlers.
  */
 export function memoryJobs(): Jobs {
-  const waiting = new Map<string, { name: JobName; payload: unknown; attempt: number }>();
+  /** `due`: when the job may start (performance.now()), from which its wait is measured. */
+  const waiting = new Map<string, { name: JobName; payload: unknown; attempt: number; due: number }>();
   const active = new Set<string>();
   const again = new Set<string>();
   const timers = new Set<NodeJS.Timeout>();
   let handlers: Handlers | null = null;
   let log: Logger | null = null;
+  let observe: JobObserver | undefined;
   let closed = false;
 
   const schedule = (key: string, delay = 0) => {
@@ -145,19 +170,22 @@ export function memoryJobs(): Jobs {
     waiting.delete(key);
     active.add(key);
     const spec = jobCatalog[job.name];
+    if (job.attempt === 1) observe?.waited(job.name, Math.max(0, performance.now() - job.due) / 1000);
     try {
       log?.debug("job", { job: job.name, key });
-      await handlers[job.name](job.payload as never);
+      const run = handlers[job.name];
+      await timed(job.name, observe, () => run(job.payload as never));
     } catch (e) {
       log?.warn("job failed", { job: job.name, key, attempt: job.attempt, err: String(e) });
       if (job.attempt < spec.attempts && !waiting.has(key)) {
-        waiting.set(key, { ...job, attempt: job.attempt + 1 });
-        schedule(key, spec.backoffMs * 2 ** (job.attempt - 1));
+        const backoff = spec.backoffMs * 2 ** (job.attempt - 1);
+        waiting.set(key, { ...job, attempt: job.attempt + 1, due: performance.now() + backoff });
+        schedule(key, backoff);
       }
     } finally {
       active.delete(key);
       if (again.delete(key) && !waiting.has(key)) {
-        waiting.set(key, { ...job, attempt: 1 });
+        waiting.set(key, { ...job, attempt: 1, due: performance.now() });
         schedule(key);
       } else if (waiting.has(key)) schedule(key);
     }
@@ -169,12 +197,13 @@ export function memoryJobs(): Jobs {
       const key = `${name}/${spec.jobId(data as never)}`;
       if (active.has(key)) again.add(key);
       if (waiting.has(key) || active.has(key)) return;
-      waiting.set(key, { name, payload: data, attempt: 1 });
+      waiting.set(key, { name, payload: data, attempt: 1, due: performance.now() + (opts.delayMs ?? 0) });
       schedule(key, opts.delayMs ?? 0);
     },
-    async run(h, config, l) {
+    async run(h, config, l, o) {
       handlers = h;
       log = l;
+      observe = o;
       for (const key of waiting.keys()) schedule(key);
       const intervals = (Object.keys(jobCatalog) as JobName[]).flatMap((name) => {
         const every = jobCatalog[name].everyMs;

@@ -1,3 +1,4 @@
+import type { Registry } from "prom-client";
 import { ensureOperatorIdentity, newOperatorToken } from "../core/auth/tokens.ts";
 import { type ImageResolver, tableImages } from "../core/catalog/images.ts";
 import type { AdmissionDeps } from "../core/instances/admission.ts";
@@ -14,6 +15,7 @@ import { type Database, openDatabase } from "./db/index.ts";
 import { migrate } from "./db/migrate.ts";
 import { bullJobs, type Jobs, memoryJobs } from "./jobs.ts";
 import { type Logger, logger } from "./log.ts";
+import { platformMetrics } from "./metrics.ts";
 import { providerSessions } from "./providers.ts";
 
 /** Everything a process of the platform shares: one per server, worker or dev process. */
@@ -52,6 +54,8 @@ export interface Platform {
   dev: boolean;
   /** What this process's writes have done, counted for /metrics: committed writes and the events they published. */
   readonly counts: { writes: number; eventsPublished: number; retries: number };
+  /** The process's metrics (infra/metrics.ts): the server's /metrics shows them, and the worker adds its jobs' timings. */
+  readonly metrics: Registry;
   close(): Promise<void>;
 }
 
@@ -62,12 +66,14 @@ export interface PlatformOptions {
   now?: Clock;
   /** Tests hand in a database they made (a clone of a migrated template). */
   db?: Database;
+  /** Tests hand in a logger writing where they can read it (infra/log.ts takes a destination). */
+  log?: Logger;
 }
 
 const RETRYABLE = new Set(["40001", "40P01"]);
 
 export async function openPlatform(config: Config, opts: PlatformOptions = {}): Promise<Platform> {
-  const log = logger(config.logLevel);
+  const log = opts.log ?? logger(config.logLevel);
   const embedded = opts.embedded ?? false;
   const sealKey = config.sealKey ?? (embedded ? persistentSecret(config.dataDir, "seal.key", newSealKey) : undefined);
   if (!sealKey) throw new Error("SEAL_KEY is required outside the embedded mode (32 random bytes, base64)");
@@ -90,6 +96,7 @@ export async function openPlatform(config: Config, opts: PlatformOptions = {}): 
   const images = config.vps.images ?? tableImages;
 
   const counts = { writes: 0, eventsPublished: 0, retries: 0 };
+  const metrics = platformMetrics(counts, jobs);
 
   /** Publishing and waking are hints: a failure here delays convergence (the sweep re-finds it), never loses state. */
   async function apply(w: Write): Promise<void> {
@@ -145,6 +152,7 @@ export async function openPlatform(config: Config, opts: PlatformOptions = {}): 
   const write = writeOn(db);
   const platform: Platform = {
     counts,
+    metrics,
     config,
     db,
     bus,

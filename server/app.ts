@@ -1,5 +1,5 @@
 import { randomUUID } from "node:crypto";
-import { createServer, type Server } from "node:http";
+import { createServer, type IncomingMessage, type Server, type ServerResponse } from "node:http";
 import { type ExecutionResult, GraphQLError } from "graphql";
 import { useServer } from "graphql-ws/use/ws";
 import { createYoga, type Plugin } from "graphql-yoga";
@@ -9,6 +9,7 @@ import { authenticate } from "../core/auth/authenticate.ts";
 import type { Principal } from "../core/auth/principal.ts";
 import { pendingMigrations } from "../infra/db/migrate.ts";
 import type { Platform } from "../infra/platform.ts";
+import { noteCode, operationOf, operationOnScope, type RequestScope, SocketLog, withAccessLog } from "./access.ts";
 import type { Context } from "./context.ts";
 import { asInvalidInput, toClientError } from "./errors.ts";
 import { credentialChecker, openLimits, overLimit } from "./limits/index.ts";
@@ -75,12 +76,26 @@ export async function startServer(platform: Platform, opts: { port?: number; hos
   );
   const limits = await openLimits(platform);
   const metrics = serverMetrics(platform, hub, () => sources.count);
-  const yoga = createYoga<{ requestId?: string }, Context>({
+  const clientError = (error: unknown, log: Platform["log"], requestId: string) =>
+    overLimit(error, platform.config.limits) ?? withContractCode(toClientError(error, log, requestId));
+  /** Execution errors are mapped where the request is known, so an unexpected one is logged under its request id. */
+  const requestErrors: Plugin<Context> = {
+    onExecute: ({ args }) => ({
+      onExecuteDone: ({ result, setResult }) => {
+        const r = result as ExecutionResult;
+        if (!r.errors?.length) return;
+        const errors = r.errors.map((e) => clientError(e, args.contextValue.log, args.contextValue.requestId));
+        noteCode(args.contextValue, errors);
+        setResult({ ...r, errors });
+      },
+    }),
+  };
+  const yoga = createYoga<{ scope?: RequestScope }, Context>({
     schema,
     graphqlEndpoint: "/graphql",
     landingPage: false,
     graphiql: { title: "Better Compute" },
-    plugins: [...limits.plugins, invalidInputCodes, metrics.plugin],
+    plugins: [...limits.plugins, invalidInputCodes, requestErrors as Plugin, operationOnScope as Plugin, metrics.plugin],
     // Refusals are answers, not faults: yoga's own logging would print each one; ours logs the unexpected.
     logging: {
       debug: () => {},
@@ -88,22 +103,32 @@ export async function startServer(platform: Platform, opts: { port?: number; hos
       warn: (...a: unknown[]) => platform.log.warn(String(a[0])),
       error: (...a: unknown[]) => platform.log.debug(String(a[0])),
     },
-    context: async ({ request }) => {
+    context: async ({ request, scope }) => {
+      const requestId = scope?.id ?? randomUUID();
+      const log = scope?.log ?? platform.log.child({ requestId });
       // Websocket operations have no HTTP request: onSubscribe below authenticates from connectionParams.
-      if (!request) return { platform, principal: null, requestId: randomUUID() };
-      const requestId = request.headers.get("x-request-id") ?? randomUUID();
+      if (!request) return { platform, principal: null, requestId, log };
       const authorization = request.headers.get("authorization");
-      return { platform, principal: await principalFor(credentialChecker(platform, authorization), authorization), requestId };
+      try {
+        const principal = await principalFor(credentialChecker(platform, authorization), authorization);
+        if (scope) scope.principal = principal;
+        return { platform, principal, requestId, log };
+      } catch (e) {
+        const error = isAppError(e) ? e : clientError(e, log, requestId);
+        if (scope) scope.code = isAppError(error) ? error.code : "INTERNAL";
+        throw error;
+      }
     },
     maskedErrors: {
+      // The net for errors raised outside execution: what the plugin above mapped passes through unchanged.
       maskError: (error) => {
         const requestId = ((error as GraphQLError).extensions?.requestId as string | undefined) ?? randomUUID();
-        return overLimit(error, platform.config.limits) ?? withContractCode(toClientError(error, platform.log, requestId));
+        return clientError(error, platform.log.child({ requestId }), requestId);
       },
     },
   });
 
-  const server = createServer(async (req, res) => {
+  const handle = async (req: IncomingMessage, res: ServerResponse, scope: RequestScope) => {
     const path = (req.url ?? "/").split("?")[0];
     if (path === "/healthz") return void res.writeHead(200, { "content-type": "text/plain" }).end("ok\n");
     if (path === "/readyz") {
@@ -141,17 +166,21 @@ export async function startServer(platform: Platform, opts: { port?: number; hos
     if (path === "/usage.csv" && req.method === "GET")
       return serveUsageCsv(platform, req, res, () => principalFor(credentialChecker(platform, req.headers.authorization ?? null), req.headers.authorization));
     if (path === "/") return void res.writeHead(302, { location: "/graphql" }).end();
-    return yoga.handle(req, res);
-  });
+    return yoga.handle(req, res, { scope });
+  };
+  const server = createServer(withAccessLog(platform.log, handle));
 
   // Subscriptions share the port: graphql-ws on the same path, executed through yoga's envelop (docs/architecture.md, Pitfalls).
   // A connection authenticates once, from connectionParams; the live hub ends it when that credential stops working.
   const live = new WeakMap<object, LiveConnection>();
+  const socketLogs = new WeakMap<object, SocketLog>();
   const wss = new WebSocketServer({ server, path: "/graphql" });
   const ws = useServer(
     {
       onConnect: async (ctx) => {
         const socket = ctx.extra.socket;
+        const slog = new SocketLog(platform.log);
+        socketLogs.set(socket, slog);
         const auth = (ctx.connectionParams?.authorization as string | undefined) ?? null;
         let principal: Principal | null;
         try {
@@ -160,7 +189,7 @@ export async function startServer(platform: Platform, opts: { port?: number; hos
           // A bad credential is final (4401); not being able to check it (the database is down) is not.
           if (isAppError(e, "UNAUTHENTICATED")) socket.close(CloseCode.unauthorized, "the bearer token is unknown, expired or revoked");
           else {
-            platform.log.warn("could not authenticate a websocket", { err: String(e) });
+            slog.log.warn("could not authenticate a websocket", { err: String(e) });
             socket.close(CloseCode.tryAgainLater, "cannot check credentials right now; retry");
           }
           return false;
@@ -173,14 +202,15 @@ export async function startServer(platform: Platform, opts: { port?: number; hos
         return true;
       },
       onClose: (ctx) => live.get(ctx.extra.socket)?.dropped(),
+      onComplete: (ctx, id) => socketLogs.get(ctx.extra.socket)?.completed(id),
       execute: ((args: { rootValue: { execute: (a: unknown) => unknown } }) => args.rootValue.execute(args)) as never,
       // Subscriptions skip yoga's executor: events are resolved once per distinct request (server/live/execute.ts).
       subscribe: (args) => {
         const ctx = args.contextValue as Context;
-        const mask = (r: ExecutionResult) => (r.errors?.length ? { ...r, errors: r.errors.map((e) => toClientError(e, platform.log, ctx.requestId)) } : r);
+        const mask = (r: ExecutionResult) => (r.errors?.length ? { ...r, errors: r.errors.map((e) => toClientError(e, ctx.log, ctx.requestId)) } : r);
         return subscribeShared(args, ctx.principal?.identityId ?? "", mask, sources);
       },
-      onSubscribe: async (ctx, _id, payload) => {
+      onSubscribe: async (ctx, id, payload) => {
         const {
           schema: s,
           execute,
@@ -190,11 +220,14 @@ export async function startServer(platform: Platform, opts: { port?: number; hos
           validate,
         } = yoga.getEnveloped({ ...ctx, req: ctx.extra.request, socket: ctx.extra.socket, params: payload });
         const conn = live.get(ctx.extra.socket);
+        const requestId = randomUUID();
+        const slog = socketLogs.get(ctx.extra.socket) ?? new SocketLog(platform.log);
         const contextValue: Context = {
           ...(await contextFactory()),
           platform,
           principal: conn?.principal ?? null,
-          requestId: randomUUID(),
+          requestId,
+          log: slog.log.child({ operationId: id, requestId }),
           ...(conn ? { live: { hub, conn } } : {}),
         };
         const args = {
@@ -207,6 +240,7 @@ export async function startServer(platform: Platform, opts: { port?: number; hos
         };
         const errors = validate(args.schema, args.document);
         if (errors.length) return errors.map(asInvalidInput);
+        contextValue.log = slog.started(id, requestId, operationOf(args.document, payload.operationName), contextValue.principal);
         return args;
       },
     },

@@ -1,6 +1,7 @@
 import type { GraphQLResolveInfo } from "graphql";
 import type { Principal } from "../core/auth/principal.ts";
 import type { Write } from "../core/kernel/write.ts";
+import type { Logger } from "../infra/log.ts";
 import type { Platform } from "../infra/platform.ts";
 import type { LiveConnection, LiveHub } from "./live/hub.ts";
 
@@ -8,6 +9,8 @@ export interface Context {
   platform: Platform;
   principal: Principal | null;
   requestId: string;
+  /** The request's logger: every line carries its request id (and on a websocket, the connection and operation ids). */
+  log: Logger;
   /** Set for operations on a websocket: the server's live hub and this connection. */
   live?: { hub: LiveHub; conn: LiveConnection };
 }

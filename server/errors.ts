@@ -12,7 +12,8 @@ const UNSTORABLE = new Set(["22021", "22P05", "22003", "22P02"]);
 
 /**
  * Turn what a resolver threw into what a client may see: an AppError keeps its code and details; a unique
- * key violation is a CONFLICT; anything else is logged with the request id and returned as INTERNAL.
+ * key violation is a CONFLICT; anything else is logged and returned as INTERNAL naming the request id. `log` is
+ * the request's own logger, whose lines already carry that id.
  */
 export function toClientError(error: unknown, log: Logger, requestId: string): GraphQLError {
   const original = isGraphQLErrorLike(error) ? (error.originalError ?? error) : error;
@@ -36,7 +37,7 @@ export function toClientError(error: unknown, log: Logger, requestId: string): G
   if (original instanceof Error && original.name === "IllegalTransition") {
     return new GraphQLError(original.message, { path, extensions: { code: "PRECONDITION_FAILED" } });
   }
-  log.error("unexpected error", { requestId, err: original instanceof Error ? (original.stack ?? original.message) : String(original) });
+  log.error("unexpected error", { err: original instanceof Error ? (original.stack ?? original.message) : String(original) });
   return new GraphQLError(`internal error (request ${requestId})`, { path, extensions: { code: "INTERNAL", requestId } });
 }
 

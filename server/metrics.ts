@@ -1,18 +1,18 @@
 import type { DocumentNode, OperationDefinitionNode } from "graphql";
 import type { Plugin } from "graphql-yoga";
-import { Counter, collectDefaultMetrics, Gauge, Histogram, Registry } from "prom-client";
+import { Counter, Gauge, Histogram, Registry } from "prom-client";
 import type { Platform } from "../infra/platform.ts";
 import type { LiveHub } from "./live/hub.ts";
 
 /**
  * `/metrics` (Prometheus text format, prom-client): this server's GraphQL traffic, live connections and events,
- * what its writes did, and — read from the database and the job queues at each scrape, so any replica shows
- * the fleet — instances by state per pool, each host's report age and the job queues' depth.
+ * and — read from the database at each scrape, so any replica shows the fleet — instances by state per pool and
+ * each host's report age; then the platform's registry (infra/metrics.ts: the process, its writes, the job
+ * queues' depth, and in one-process mode the worker's job timings).
  */
 export function serverMetrics(platform: Platform, hub: LiveHub, liveOperations: () => number) {
   const registry = new Registry();
   const registers = [registry];
-  collectDefaultMetrics({ register: registry });
 
   const requests = new Counter({
     name: "bc_graphql_requests_total",
@@ -51,9 +51,6 @@ export function serverMetrics(platform: Platform, hub: LiveHub, liveOperations: 
   gauge("bc_live_subscriptions", "Active subscriptions on those connections.", () => hub.subscriptions());
   gauge("bc_live_operations", "Subscription sources open (shared sources count once).", liveOperations);
   mirror("bc_live_events_delivered_total", "Instance events handed to this server's subscribers.", () => hub.feed.delivered);
-  mirror("bc_events_published_total", "Instance events this process's writes published.", () => platform.counts.eventsPublished);
-  mirror("bc_writes_total", "Transactions this process's write path committed.", () => platform.counts.writes);
-  mirror("bc_write_retries_total", "Writes run again after a deadlock or serialisation failure.", () => platform.counts.retries);
   new Counter({
     name: "bc_live_closed_total",
     help: "Connections this server closed, by close code.",
@@ -95,20 +92,6 @@ export function serverMetrics(platform: Platform, hub: LiveHub, liveOperations: 
       for (const r of rows) this.set({ pool: r.pool, node: r.node }, Math.max(0, (now - r.at.getTime()) / 1000));
     },
   });
-  new Gauge({
-    name: "bc_jobs",
-    help: "Jobs of each catalog entry waiting (due or delayed) and running.",
-    labelNames: ["job", "status"],
-    registers,
-    async collect() {
-      this.reset();
-      for (const d of await platform.jobs.depth()) {
-        this.set({ job: d.name, status: "waiting" }, d.waiting);
-        this.set({ job: d.name, status: "active" }, d.active);
-      }
-    },
-  });
-
   /** Counts and times each query and mutation (subscriptions are the live gauges' business). */
   const plugin: Plugin = {
     onExecute: ({ args }) => {
@@ -129,5 +112,8 @@ export function serverMetrics(platform: Platform, hub: LiveHub, liveOperations: 
     },
   };
 
-  return { registry, plugin, contentType: registry.contentType, render: () => registry.metrics() };
+  // Two registries rendered one after the other rather than merged once: the worker may register its job
+  // timings on the platform's after this server started (several servers may share one platform in tests).
+  const render = async () => `${await registry.metrics()}${await platform.metrics.metrics()}`;
+  return { registry, plugin, contentType: registry.contentType, render };
 }

@@ -5,6 +5,7 @@ import { expireSandbox, tendSandboxes } from "./jobs/sandboxes.ts";
 import { sweep } from "./jobs/sweep.ts";
 import { tearDownTenant } from "./jobs/tenants.ts";
 import { meter } from "./jobs/usage.ts";
+import { jobMetrics } from "./metrics.ts";
 
 /** The worker: every job of the catalog, each handled by its file in jobs/. */
 export function startWorker(platform: Platform) {
@@ -22,5 +23,6 @@ export function startWorker(platform: Platform) {
     },
     platform.config,
     platform.log,
+    jobMetrics(platform.metrics),
   );
 }

@@ -50,7 +50,7 @@ async function* execStream(ctx: Context, commandId: string): AsyncGenerator<Exec
       }
       if (p.end) {
         // Thrown mid-stream, so past yoga's error mapping: a GraphQLError carries its code to the client itself.
-        if (p.end.error && /guest agent/i.test(p.end.error)) throw toClientError(new AppError("UNSUPPORTED", p.end.error), ctx.platform.log, ctx.requestId);
+        if (p.end.error && /guest agent/i.test(p.end.error)) throw toClientError(new AppError("UNSUPPORTED", p.end.error), ctx.log, ctx.requestId);
         const r = p.end.result;
         yield { stream: "EXIT", data: p.end.error, exitCode: r?.exitCode ?? null, signal: r?.signal ?? null, timedOut: r?.timedOut ?? null };
         return;

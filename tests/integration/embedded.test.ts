@@ -86,6 +86,15 @@ describe("npm start (bc dev --sim 3, embedded: PGlite, in-memory bus and jobs)",
     }
     expect(seen[0]).toBe("PENDING");
     expect((await demo.request(InstanceDocument, { id: quick.id })).instance?.state).toBe("RUNNING");
+    // One process, one /metrics: the in-memory job runner's timings are on the server's page.
+    const jobRuns = async () => {
+      const text = await (await fetch(first.url.replace(/\/graphql$/, "/metrics"))).text();
+      return (
+        /^bc_job_duration_seconds_count\{job="vps\.instances",outcome="ok"\} [1-9]/m.test(text) &&
+        /^bc_job_wait_seconds_count\{job="vps\.instances"\} [1-9]/m.test(text)
+      );
+    };
+    await expect.poll(jobRuns, { timeout: 10_000, interval: 100 }).toBe(true);
     // The database, the secrets, the hosts' state and the seed (the owner's user data) are the owner's alone.
     const seeds = (readdirSync(dataDir, { recursive: true }) as string[]).filter((p) => /fake-host\/seeds\/inst_\w+\.iso$/.test(p));
     expect(seeds).toHaveLength(1);

@@ -26,6 +26,13 @@ const scrape = async () => {
   lastText = await res.text();
   return new Map((parsePrometheusTextFormat(lastText) as Family[]).map((f) => [f.name, f]));
 };
+/** A labelled histogram's count, from the last scrape's text (the parser keeps only its buckets). */
+const count = (name: string, labels: Record<string, string>) => {
+  const want = Object.entries(labels).map(([k, v]) => `${k}="${v}"`);
+  return [...lastText.matchAll(new RegExp(`^${name}_count\\{([^}]*)\\} (\\S+)$`, "gm"))]
+    .filter((m) => want.every((w) => (m[1] as string).split(",").includes(w)))
+    .reduce((sum, m) => sum + Number(m[2]), 0);
+};
 const value = (m: Map<string, Family>, name: string, labels: Record<string, string> = {}) =>
   (m.get(name)?.metrics ?? [])
     .filter((x) => Object.entries(labels).every(([k, v]) => x.labels?.[k] === v))
@@ -84,6 +91,12 @@ describe("/metrics", () => {
     expect(after.get("bc_host_report_age_seconds")?.metrics.map((m) => m.labels?.node)).toEqual(["host-1"]);
     expect(value(after, "bc_host_report_age_seconds")).toBeLessThan(10);
     expect(after.get("bc_jobs")?.metrics.some((m) => m.labels?.job === "vps.instances")).toBe(true);
+    // The worker shares the platform's registry in one process, so its job timings are on this same page.
+    expect(after.get("bc_job_wait_seconds")?.type).toBe("HISTOGRAM");
+    expect(after.get("bc_job_duration_seconds")?.type).toBe("HISTOGRAM");
+    expect(count("bc_job_wait_seconds", { job: "vps.instances" })).toBeGreaterThan(0);
+    expect(count("bc_job_duration_seconds", { job: "vps.instances", outcome: "ok" })).toBeGreaterThan(0);
+    expect(count("bc_job_duration_seconds", { job: "vps.sweep", outcome: "ok" })).toBeGreaterThan(0);
     expect(value(after, "process_resident_memory_bytes")).toBeGreaterThan(0);
     await live.dispose();
   });

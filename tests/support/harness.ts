@@ -2,6 +2,7 @@ import { randomBytes } from "node:crypto";
 import { Redis } from "ioredis";
 import { parseConfig } from "../../infra/config.ts";
 import { openDatabase } from "../../infra/db/index.ts";
+import type { Logger } from "../../infra/log.ts";
 import { openPlatform, type Platform } from "../../infra/platform.ts";
 import {
   type Client,
@@ -50,7 +51,7 @@ export interface HostedPoolOpts {
 const rnd = () => randomBytes(6).toString("hex");
 
 /** A whole platform on a database and Redis prefix of its own, served on an ephemeral port. */
-export async function startHarness(env: Record<string, string> = {}, opts: { now?: () => Date } = {}): Promise<Harness> {
+export async function startHarness(env: Record<string, string> = {}, opts: { now?: () => Date; log?: Logger } = {}): Promise<Harness> {
   const db = await cloneDatabase();
   const redisPrefix = `bct_${rnd()}`;
   const operatorToken = `op_${randomBytes(24).toString("hex")}`;
@@ -71,7 +72,7 @@ export async function startHarness(env: Record<string, string> = {}, opts: { now
   );
   const { apiConnections: connections, apiStatementTimeoutMs: statementTimeoutMs } = config.limits;
   const database = await openDatabase({ databaseUrl: db.url, poolSize: 20, prisma: true, api: { connections, statementTimeoutMs } });
-  const platform = await openPlatform(config, { db: database, ...(opts.now ? { now: opts.now } : {}) });
+  const platform = await openPlatform(config, { db: database, ...(opts.now ? { now: opts.now } : {}), ...(opts.log ? { log: opts.log } : {}) });
   const app = await startServer(platform, { port: 0, host: "127.0.0.1" });
   const client = (token?: string) => createClient({ url: app.url, token });
   const operator = client(operatorToken);

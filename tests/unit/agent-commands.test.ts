@@ -398,7 +398,11 @@ describe("exec commands", () => {
     await waiting;
     await until("both final reports", () => finals(sent).length === 2);
     // Which final report goes first is a race between two processes exiting; both must succeed.
-    expect(finals(sent).map((s) => [s.id, s.state]).sort()).toEqual([
+    expect(
+      finals(sent)
+        .map((s) => [s.id, s.state])
+        .sort(),
+    ).toEqual([
       ["cmd_go", "succeeded"],
       ["cmd_wait", "succeeded"],
     ]);
