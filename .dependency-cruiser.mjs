@@ -19,6 +19,7 @@
 //   server/, worker/  core/, contracts/, infra/ (and never each other)
 //   agent/            the host agent: contracts/ and sdk/ only
 //   sdk/              the typed client: contracts/ only
+//   web/              the dashboard (a browser bundle): sdk/ only
 //   cli/              the composition root: anything
 //   tests/, bench/, scripts/, examples/ and root files are exempt from the direction rules, not from the cycle rule.
 
@@ -145,6 +146,16 @@ export const forbidden = [
       "depending on it never pulls in the control plane.",
     from: { path: "^sdk/" },
     to: oursExcept("^sdk/", "^contracts/"),
+  },
+  {
+    name: "web-only-sdk",
+    severity: "error",
+    comment:
+      "web/ is the dashboard, bundled for the browser: it talks to the platform through the API like any client, " +
+      "so it may use sdk/ and itself only. Anything else would drag server code (and its secrets' handling) into a " +
+      "bundle anyone can download.",
+    from: { path: "^web/" },
+    to: oursExcept("^web/", "^sdk/"),
   },
   {
     name: "prisma-client-only-in-data-layer",

@@ -21,7 +21,11 @@ export async function serve(opts: { embedded: boolean; worker: boolean; sim: num
   const agents: Awaited<ReturnType<typeof startAgent>>[] = [];
   const mode = config.databaseUrl ? "PostgreSQL" : `PGlite in ${config.dataDir}`;
   const bus = config.redisUrl ? "Redis" : "in-memory pub/sub and jobs";
-  const lines = [`Better Compute is up (${mode}; ${bus})`, `  GraphQL:  ${app.url}  (GraphiQL in a browser)`];
+  const lines = [
+    `Better Compute is up (${mode}; ${bus})`,
+    `  Dashboard: ${app.url.replace(/\/graphql$/, "/")}  (sign in with a token below)`,
+    `  GraphQL:  ${app.url}  (GraphiQL in a browser)`,
+  ];
   if (opts.embedded && platform.operatorToken) lines.push(`  Operator: ${platform.operatorToken}`);
   let emulator: Awaited<ReturnType<typeof startHetznerEmulator>> | null = null;
   if (opts.sim > 0) {

@@ -24,6 +24,7 @@ export interface ConfigFile {
   port?: number;
   host?: string;
   metricsPort?: number;
+  dashboardDir?: string;
   databaseUrl?: string;
   redisUrl?: string;
   dataDir?: string;
@@ -67,6 +68,8 @@ const schema = z.object({
    * may share a machine); 0 takes a free port and prints it. The server's /metrics is on its API port.
    */
   metricsPort: z.coerce.number().int().min(0).max(65535).optional(),
+  /** The dashboard's built bundle; the server's default is web/dist of its own checkout or build. */
+  dashboardDir: z.string().min(1).optional(),
   databaseUrl: z
     .string()
     .regex(/^postgres(ql)?:\/\//, "must be a postgres:// URL")
@@ -213,6 +216,7 @@ export function readEnv(env: NodeJS.ProcessEnv): Record<string, unknown> {
     port: env.PORT,
     host: env.HOST,
     metricsPort: env.METRICS_PORT,
+    dashboardDir: env.DASHBOARD_DIR,
     databaseUrl: env.DATABASE_URL,
     redisUrl: env.REDIS_URL,
     redisPrefix: env.REDIS_PREFIX,

@@ -20,6 +20,9 @@ as_root() {
 
 apt_ready=
 apt_install() {
+  # apt cannot write its temporary files into a /tmp that is not world-writable, and then still exits 0 with stale
+  # package lists: give it a directory it can use.
+  if [ -z "$apt_ready" ] && [ "$(stat -c %a /tmp)" != 1777 ]; then export TMPDIR; TMPDIR=$(mktemp -d "$PWD/.apt-tmp.XXXXXX"); chmod 1777 "$TMPDIR"; trap 'rm -rf "$TMPDIR"' EXIT; fi
   [ -n "$apt_ready" ] || { as_root apt-get update -qq; apt_ready=1; }
   log "installing $*"
   as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "$@" >/dev/null
@@ -82,4 +85,10 @@ if [ -d node_modules ] && ! binding_ok; then
   fi
   rm -f "$out"
   binding_ok || { log "the libvirt binding still does not load"; exit 1; }
+fi
+
+# --- Chromium (tests/browser) -----------------------------------------------------------------------------
+# Debian's package, driven by playwright-core; no browser is downloaded. CHROMIUM_PATH points elsewhere.
+if [ -z "${CHROMIUM_PATH:-}" ] && [ ! -x /usr/lib/chromium/chromium ] && ! command -v chromium >/dev/null; then
+  apt_install chromium fonts-liberation
 fi

@@ -11,6 +11,7 @@ import { pendingMigrations } from "../infra/db/migrate.ts";
 import type { Platform } from "../infra/platform.ts";
 import { noteCode, operationOf, operationOnScope, type RequestScope, SocketLog, withAccessLog } from "./access.ts";
 import type { Context } from "./context.ts";
+import { dashboard, defaultDashboardDir } from "./dashboard.ts";
 import { asInvalidInput, toClientError } from "./errors.ts";
 import { credentialChecker, openLimits, overLimit } from "./limits/index.ts";
 import { type OpenSources, subscribeShared } from "./live/execute.ts";
@@ -128,8 +129,9 @@ export async function startServer(platform: Platform, opts: { port?: number; hos
     },
   });
 
+  const site = dashboard(platform.config.dashboardDir ?? defaultDashboardDir);
   const handle = async (req: IncomingMessage, res: ServerResponse, scope: RequestScope) => {
-    const path = (req.url ?? "/").split("?")[0];
+    const path = (req.url ?? "/").split("?")[0] ?? "/";
     if (path === "/healthz") return void res.writeHead(200, { "content-type": "text/plain" }).end("ok\n");
     if (path === "/readyz") {
       // Ready: the database answers and has every migration this build knows, and the bus (Redis) answers.
@@ -165,7 +167,7 @@ export async function startServer(platform: Platform, opts: { port?: number; hos
     }
     if (path === "/usage.csv" && req.method === "GET")
       return serveUsageCsv(platform, req, res, () => principalFor(credentialChecker(platform, req.headers.authorization ?? null), req.headers.authorization));
-    if (path === "/") return void res.writeHead(302, { location: "/graphql" }).end();
+    if (await site(req, res, path)) return;
     return yoga.handle(req, res, { scope });
   };
   const server = createServer(withAccessLog(platform.log, handle));

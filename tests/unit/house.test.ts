@@ -165,6 +165,11 @@ describe("house rules", () => {
       "sdk/z.ts": ts(`import "../infra/q.ts";`),
       "sdk/t.ts": ts(`import type { here } from "../core/k.ts";`),
 
+      // web (the dashboard): sdk/ only.
+      "web/ok.ts": ts(`import "../sdk/ok.ts";`, `import "./view.ts";`),
+      "web/view.ts": ts(),
+      "web/bad.ts": ts(`import "../contracts/ok.ts";`),
+
       // cli may import anything but the Prisma client.
       "cli/run.ts": ts(`import "../server/s.ts";`, `import "../worker/w.ts";`, `import "../agent/ok.ts";`, `import "../infra/ok.ts";`),
       "cli/db.ts": ts(`import "../prisma/generated/client.ts";`),
@@ -205,6 +210,7 @@ describe("house rules", () => {
       v("agent-only-contracts-and-sdk", "agent/y.ts", "core/a.ts"),
       v("sdk-only-contracts", "sdk/z.ts", "infra/q.ts"),
       v("sdk-only-contracts", "sdk/t.ts", "core/k.ts", true),
+      v("web-only-sdk", "web/bad.ts", "contracts/ok.ts"),
       v("prisma-client-only-in-data-layer", "server/rows.ts", "prisma/generated/client.ts", true),
       v("prisma-client-only-in-data-layer", "cli/db.ts", "prisma/generated/client.ts"),
     ];
@@ -257,12 +263,19 @@ describe("house rules", () => {
     expect(test).toMatch(/^bash scripts\/test-setup\.sh && vitest run$/);
     // The set-up covers every service a test suite talks to.
     const setup = readFileSync(join(ROOT, "scripts/test-setup.sh"), "utf8");
-    for (const part of ["pg_isready", "redis-cli", "libvirtd", "@unraid/libvirt"]) expect(setup).toContain(part);
+    for (const part of ["pg_isready", "redis-cli", "libvirtd", "@unraid/libvirt", "chromium"]) expect(setup).toContain(part);
   });
 
-  it("the tree type-checks and passes biome", { timeout: 180_000 }, async () => {
-    const [tsc, biome] = await Promise.all([run("tsc", ["-p", "."], ROOT, 170_000), run("biome", ["check", "--colors=off", "."], ROOT, 60_000)]);
+  it("the tree type-checks (the dashboard with the browser's types) and passes biome", { timeout: 180_000 }, async () => {
+    const [tsc, web, biome] = await Promise.all([
+      run("tsc", ["-p", "."], ROOT, 170_000),
+      run("tsc", ["-p", "web"], ROOT, 170_000),
+      run("biome", ["check", "--colors=off", "."], ROOT, 60_000),
+    ]);
     const report = (name: string, r: Run) => `── ${name}: exit ${r.code}\n${`${r.stdout}${r.stderr}`.trim()}`;
-    expect({ tsc: tsc.code, biome: biome.code }, `${report("tsc -p .", tsc)}\n\n${report("biome check .", biome)}`).toEqual({ tsc: 0, biome: 0 });
+    expect(
+      { tsc: tsc.code, web: web.code, biome: biome.code },
+      `${report("tsc -p .", tsc)}\n\n${report("tsc -p web", web)}\n\n${report("biome check .", biome)}`,
+    ).toEqual({ tsc: 0, web: 0, biome: 0 });
   });
 });

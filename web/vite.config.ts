@@ -1,0 +1,10 @@
+import { fileURLToPath } from "node:url";
+import { defineConfig } from "vite";
+
+// The dashboard: a static bundle the server serves at `/` (server/dashboard.ts). JSX comes from web/tsconfig.json.
+export default defineConfig({
+  root: fileURLToPath(new URL(".", import.meta.url)),
+  base: "/",
+  logLevel: "warn",
+  build: { outDir: "dist", emptyOutDir: true, target: "es2022", chunkSizeWarningLimit: 400 },
+});
