@@ -5,20 +5,31 @@ import { registerImage } from "../core/catalog/images.ts";
 import { type AdmissionDeps, admitInstance } from "../core/instances/admission.ts";
 import { createNode } from "../core/pools/hosted/nodes.ts";
 import { createPool } from "../core/pools/pools.ts";
+import type { QuotaInput } from "../core/tenancy/quota.ts";
 import { createTenant } from "../core/tenancy/tenants.ts";
 import type { Platform } from "../infra/platform.ts";
 
+/** The fixture's one flavor; bench/admission-write-set.sql charges the same. */
+export const SMALL = { vcpus: 1, memoryMib: 512, diskGib: 5 } as const;
+
 /**
  * What the benchmarks run on, made through the core directly: a hosted pool of `nodes` large nodes with a
- * `small` flavor and a public image, `tenants` tenants with a token each, and `instances` admitted instances
- * (owned by the first tenant).
+ * `small` flavor and a public image, `tenants` tenants with a token each (and `quota`, if given), and
+ * `instances` admitted instances (owned by the first tenant). `hostRoom`: creates of `small` each node must
+ * take, beyond the most an agent may report, so a long run never finds the hosts full.
  */
-export async function hostedFixture(platform: Platform, opts: { nodes?: number; tenants?: number; instances?: number }) {
+export async function hostedFixture(platform: Platform, opts: { nodes?: number; tenants?: number; instances?: number; quota?: QuotaInput; hostRoom?: number }) {
   const fx = await platform.write({ actor: "bench" }, async (w) => {
     const pool = await createPool(w, { name: "bench", class: "vps-host", ipv4Range: "10.200.0.0/16" }, { runtimes: ["libvirt-kvm"] });
     for (let i = 0; i < (opts.nodes ?? 1); i++)
       await createNode(w, { poolId: pool.id, name: `n${i}`, capacity: { vcpus: 4096, memoryMib: 4_194_304, diskGib: 100_000 } });
-    await createFlavor(w, { poolId: pool.id, name: "small", vcpus: 1, memoryMib: 512, diskGib: 5 });
+    if (opts.hostRoom)
+      await w.sql.query(
+        `UPDATE nodes SET cap_vcpus = GREATEST(cap_vcpus, $2::int * $3), cap_memory_mib = GREATEST(cap_memory_mib, $2::bigint * $4),
+                cap_disk_gib = GREATEST(cap_disk_gib, $2::bigint * $5) WHERE pool_id = $1`,
+        [pool.id, opts.hostRoom, SMALL.vcpus, SMALL.memoryMib, SMALL.diskGib],
+      );
+    await createFlavor(w, { poolId: pool.id, name: "small", ...SMALL });
     const image = await registerImage(
       w,
       { identityId: "bench", tenantId: null, operator: true, scopes: new Set() },
@@ -26,7 +37,7 @@ export async function hostedFixture(platform: Platform, opts: { nodes?: number; 
     );
     const tenants = [];
     for (let i = 0; i < Math.max(1, opts.tenants ?? 1); i++) {
-      const tenant = await createTenant(w, { name: `bench-${i}` });
+      const tenant = await createTenant(w, { name: `bench-${i}`, ...(opts.quota ? { quota: opts.quota } : {}) });
       tenants.push({ tenant, ...(await createApiToken(w, { tenantId: tenant.id, name: "bench" })) });
     }
     return { poolId: pool.id, imageId: image.id, tenants };

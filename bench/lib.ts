@@ -20,33 +20,61 @@ export async function scratchDatabase(prefix: string) {
   return { name, url: urlFor(name), drop: () => dropDatabase(name) };
 }
 
+/** psql's and pgbench's connection flags for a database URL. */
+export function pgFlags(databaseUrl: string): string[] {
+  const url = new URL(databaseUrl);
+  return ["-h", url.hostname, "-p", url.port || "5432", ...(url.username ? ["-U", decodeURIComponent(url.username)] : [])];
+}
+
+/** Run psql on a database, stopping at the first error. */
+export function psql(databaseUrl: string, args: string[]): string {
+  const name = decodeURIComponent(new URL(databaseUrl).pathname.slice(1));
+  return execFileSync("psql", [...pgFlags(databaseUrl), "-q", "-X", "-v", "ON_ERROR_STOP=1", ...args, name], { encoding: "utf8" });
+}
+
+/** Run pgbench (no vacuum of its own tables, prepared statements) and read its result. */
+export function pgbench(databaseUrl: string, opts: { clients: number; seconds: number; script: string; define?: Record<string, string | number> }) {
+  const name = decodeURIComponent(new URL(databaseUrl).pathname.slice(1));
+  const defines = Object.entries(opts.define ?? {}).flatMap(([k, v]) => ["-D", `${k}=${v}`]);
+  const out = execFileSync(
+    "pgbench",
+    [
+      ...pgFlags(databaseUrl),
+      "-n",
+      "-M",
+      "prepared",
+      "-c",
+      String(opts.clients),
+      "-j",
+      String(Math.min(opts.clients, 2)),
+      "-T",
+      String(opts.seconds),
+      ...defines,
+      "-f",
+      opts.script,
+      name,
+    ],
+    { encoding: "utf8", stdio: ["ignore", "pipe", "pipe"] },
+  );
+  const tps = /tps = ([0-9.]+) \(without initial connection time\)/.exec(out)?.[1];
+  const processed = /number of transactions actually processed: (\d+)/.exec(out)?.[1];
+  const latency = /latency average = ([0-9.]+) ms/.exec(out)?.[1];
+  if (!tps || !processed) throw new Error(`could not read pgbench's result:\n${out}`);
+  return { tps: Number(tps), processed: Number(processed), latencyMs: Number(latency) };
+}
+
 /**
- * The machine's own limit for comparison: pgbench running one single-row INSERT per transaction with the
- * same number of clients, against the same server. Returns transactions per second.
+ * The machine's own limit for one row: pgbench running one single-row INSERT per transaction with the same
+ * number of clients, against the same server. Returns transactions per second.
  */
 export async function pgbenchInsertTps(clients: number, seconds: number): Promise<number> {
   const db = await scratchDatabase("bc_pgbench");
   const dir = mkdtempSync(join(tmpdir(), "bc-pgbench-"));
   try {
-    const url = new URL(db.url);
-    const conn = ["-h", url.hostname, "-p", url.port || "5432", ...(url.username ? ["-U", decodeURIComponent(url.username)] : [])];
-    execFileSync("psql", [
-      ...conn,
-      "-q",
-      "-c",
-      "CREATE TABLE rows (id bigserial PRIMARY KEY, tenant text NOT NULL, body jsonb NOT NULL, at timestamptz NOT NULL DEFAULT now())",
-      db.name,
-    ]);
+    psql(db.url, ["-c", "CREATE TABLE rows (id bigserial PRIMARY KEY, tenant text NOT NULL, body jsonb NOT NULL, at timestamptz NOT NULL DEFAULT now())"]);
     const script = join(dir, "insert.sql");
     writeFileSync(script, "INSERT INTO rows (tenant, body) VALUES ('t', '{}');\n");
-    const out = execFileSync(
-      "pgbench",
-      [...conn, "-n", "-M", "prepared", "-c", String(clients), "-j", String(Math.min(clients, 2)), "-T", String(seconds), "-f", script, db.name],
-      { encoding: "utf8" },
-    );
-    const tps = /tps = ([0-9.]+) \(without initial connection time\)/.exec(out)?.[1];
-    if (!tps) throw new Error(`could not read pgbench's tps:\n${out}`);
-    return Number(tps);
+    return pgbench(db.url, { clients, seconds, script }).tps;
   } finally {
     rmSync(dir, { recursive: true, force: true });
     await db.drop();
@@ -100,7 +128,7 @@ export async function benchPlatform(opts: {
   env?: Record<string, string>;
   /** The embedded mode (`bc dev`): PGlite in memory, in-memory bus and jobs; no PostgreSQL or Redis. */
   embedded?: boolean;
-}): Promise<{ platform: Platform; operatorToken: string; close(): Promise<void> }> {
+}): Promise<{ platform: Platform; operatorToken: string; databaseUrl?: string; close(): Promise<void> }> {
   if (opts.embedded) return embeddedPlatform(opts.env);
   const db = await scratchDatabase("bc_bench");
   const database = await openDatabase({ databaseUrl: db.url, poolSize: opts.poolSize });
@@ -122,6 +150,7 @@ export async function benchPlatform(opts: {
   return {
     platform,
     operatorToken,
+    databaseUrl: db.url,
     async close() {
       await platform.close();
       await db.drop();
