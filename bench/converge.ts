@@ -1,4 +1,4 @@
-import { mkdtempSync, rmSync } from "node:fs";
+import { mkdtempSync, rmSync, writeSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { parseArgs } from "node:util";
@@ -8,13 +8,20 @@ import * as bc from "../sdk/client.ts";
 import { benchApi } from "./lib.ts";
 
 const { values } = parseArgs({
-  options: { hosts: { type: "string", default: "3" }, sizes: { type: "string", default: "100,500,1000,2000" }, concurrency: { type: "string", default: "16" } },
+  options: {
+    hosts: { type: "string", default: "3" },
+    sizes: { type: "string", default: "100,500,1000,2000" },
+    concurrency: { type: "string", default: "16" },
+    /** Latency mode: this many creates one after another on an idle platform, each timed to its RUNNING event. */
+    latency: { type: "string" },
+  },
 });
 const hosts = Number(values.hosts);
 const sizes = String(values.sizes).split(",").map(Number);
 const concurrency = Number(values.concurrency);
 
-async function once(n: number) {
+/** A platform on PostgreSQL and Redis with `hosts` agents on the fake runtime (no delay), all reported. */
+async function platformWithHosts() {
   const dir = mkdtempSync(join(tmpdir(), "bc-conv-"));
   const api = await benchApi({
     poolSize: 12,
@@ -23,7 +30,7 @@ async function once(n: number) {
     tiny: { vcpus: 1, memoryMib: 256, diskGib: 2 },
     image: { source: "https://images.invalid/i.qcow2", sha256: "b".repeat(64) },
   });
-  const agents = [];
+  const agents: Awaited<ReturnType<typeof startAgent>>[] = [];
   for (let i = 0; i < hosts; i++) {
     const stateDir = join(dir, `host-${i}`);
     agents.push(
@@ -37,9 +44,21 @@ async function once(n: number) {
       }),
     );
   }
+  await api.hostsReported(hosts);
+  return {
+    api,
+    async close() {
+      for (const a of agents) await a.close();
+      await api.close();
+      rmSync(dir, { recursive: true, force: true });
+    },
+  };
+}
+
+async function once(n: number) {
+  const { api, close } = await platformWithHosts();
   const running = async () =>
     (await api.platform.read((sql) => sql.query<{ n: number }>(`SELECT count(*)::int AS n FROM instances WHERE state = 'running'`)))[0]?.n ?? 0;
-  await api.hostsReported(hosts);
 
   const start = performance.now();
   let next = 0;
@@ -57,10 +76,76 @@ async function once(n: number) {
     await new Promise((r) => setTimeout(r, 100));
   }
   const seconds = (performance.now() - start) / 1000;
-  for (const a of agents) await a.close();
-  await api.close();
-  rmSync(dir, { recursive: true, force: true });
+  await close();
   return { seconds, created };
+}
+
+/**
+ * Create → RUNNING as a client sees it: the create request sent, then its instance's RUNNING event arriving on
+ * an `instanceEvents` subscription. One create at a time, so each measures the path, not a queue.
+ */
+async function latency(n: number) {
+  const { api, close } = await platformWithHosts();
+  const waiting = new Map<string, (at: number) => void>();
+  // An event may beat the create's own response home: keep it for the wait that follows.
+  const arrived = new Map<string, number>();
+  const stop = new AbortController();
+  const { instanceEventsCursor: after } = await api.tenant.request(bc.InstanceEventsCursorDocument);
+  const events = (async () => {
+    for await (const e of bc.watchInstanceEvents({ url: api.url, token: api.tenantToken, after, signal: stop.signal }))
+      if (e.toState === "RUNNING") {
+        const now = performance.now();
+        const wake = waiting.get(e.instance.id);
+        if (wake) wake(now);
+        else arrived.set(e.instance.id, now);
+      }
+  })();
+  const times: number[] = [];
+  for (let k = 0; k < n; k++) {
+    const start = performance.now();
+    const { createInstance: inst } = await api.tenant.request(bc.CreateInstanceDocument, {
+      input: { poolId: api.poolId, flavor: "tiny", imageId: api.imageId, idempotencyKey: `l${k}` },
+    });
+    const at =
+      arrived.get(inst.id) ??
+      (await new Promise<number>((resolve, reject) => {
+        const t = setTimeout(() => reject(new Error(`${inst.id} not RUNNING within 10 s`)), 10_000);
+        waiting.set(inst.id, (when) => {
+          clearTimeout(t);
+          resolve(when);
+        });
+      }));
+    waiting.delete(inst.id);
+    times.push(at - start);
+  }
+  stop.abort();
+  await events.catch(() => {});
+  // Where the time goes: the median gap before each transition, from the events' own timestamps.
+  const steps = await api.platform.read((sql) =>
+    sql.query<{ step: string; ms: number }>(
+      `SELECT to_state || ' (' || reason || ')' AS step, percentile_cont(0.5) WITHIN GROUP (ORDER BY gap)::float AS ms, min(position) AS first
+         FROM (SELECT to_state, reason, position, extract(epoch FROM at - lag(at) OVER (PARTITION BY instance_id ORDER BY position)) * 1000 AS gap
+                 FROM instance_events) g
+        WHERE gap IS NOT NULL GROUP BY 1 ORDER BY first`,
+    ),
+  );
+  await close();
+  const q = (p: number) => times.toSorted((a, b) => a - b)[Math.min(times.length - 1, Math.floor(p * times.length))] as number;
+  return { p50: q(0.5), p99: q(0.99), max: Math.max(...times), steps };
+}
+
+if (values.latency) {
+  const n = Number(values.latency);
+  console.log(`converge latency: ${n} creates one at a time, ${hosts} simulated hosts (fake runtime, no delay), PostgreSQL and Redis`);
+  const r = await latency(n);
+  const lines = [
+    `create → RUNNING event on a subscription: p50 ${r.p50.toFixed(1)} ms, p99 ${r.p99.toFixed(1)} ms, max ${r.max.toFixed(1)} ms (goal p50 ≤ 30, p99 ≤ 100)`,
+    "median time since the previous event, by transition:",
+    ...r.steps.map((s) => `  ${s.step.padEnd(36)} ${s.ms.toFixed(1).padStart(7)} ms`),
+  ];
+  // Written at once: console.log to a pipe is asynchronous, and process.exit would cut it short.
+  writeSync(1, `${lines.join("\n")}\n`);
+  process.exit(0);
 }
 
 console.log(`converge bench: ${hosts} simulated hosts, ${concurrency} concurrent creates, sizes ${sizes.join(", ")}`);

@@ -113,27 +113,50 @@ export async function admitInstance(w: Write, deps: AdmissionDeps, caller: Calle
   if (!found.flavor) throw notFound("flavor", `${input.flavor} in pool ${input.poolId}`);
   const shape: Shape = parseInput(shapeSchema, found.flavor, "flavor");
 
+  const desiredState = opts.desiredState ?? input.desiredState;
   const placed = await driver.admit(
     w,
-    { pool, tenantId: caller.tenantId, instanceId: id, imageId: input.imageId, shape, ...(opts.onlyNodeId ? { onlyNodeId: opts.onlyNodeId } : {}) },
+    {
+      pool,
+      tenantId: caller.tenantId,
+      instanceId: id,
+      imageId: input.imageId,
+      shape,
+      desiredState,
+      ...(opts.onlyNodeId ? { onlyNodeId: opts.onlyNodeId } : {}),
+    },
     deps,
   );
+  // The first event is the create; the steps the driver proved follow it in order, one event and version each.
+  const events = [
+    { from_state: null, to_state: "pending", reason: "created", actor: caller.identityId, version: 1 },
+    ...(placed.converged?.steps ?? []).map((s, k, all) => ({
+      from_state: k === 0 ? "pending" : (all[k - 1]?.to as string),
+      to_state: s.to,
+      reason: s.reason,
+      actor: "admission",
+      version: k + 2,
+    })),
+  ];
+  const last = events[events.length - 1] as (typeof events)[number];
   const charge = opts.charge === false ? {} : chargeOf(shape);
   await chargeQuota(sql, caller.tenantId, charge);
 
-  const [row] = await sql.query<Instance & { eventId: string }>(
+  const [row] = await sql.query<Instance & { eventIds: string[] }>(
     `WITH i AS (
        INSERT INTO instances (id, tenant_id, pool_id, project_id, owner_identity_id, idempotency_key, request_hash, flavor, vcpus,
          memory_mib, disk_gib, gpus, image_id, image_url, image_sha256, image_format, image_verified, ssh_keys, user_data_sealed,
          runtime, state, desired_state, node_id, allocation_id, addresses, charge, offer, sandbox_id, warm_template_id, warm_template_version, env,
-         network_policy, restore_from, version, created_at, updated_at)
-       VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12::jsonb, $13, $14, $15, $16, $17, $18::text[], $19, $20, 'pending', $21,
-         $22, $23, $24::text[], $25::jsonb, $27, $28, $29, $30, $31::jsonb, $32::jsonb, $33::jsonb, 1, $26, $26)
+         network_policy, restore_from, version, spec_generation, created_at, updated_at)
+       VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12::jsonb, $13, $14, $15, $16, $17, $18::text[], $19, $20, $34, $21,
+         $22, $23, $24::text[], $25::jsonb, $27, $28, $29, $30, $31::jsonb, $32::jsonb, $33::jsonb, $35, $36, $26, $26)
        RETURNING *),
      e AS (
        INSERT INTO instance_events (instance_id, tenant_id, pool_id, project_id, from_state, to_state, desired_state, reason, actor, version, at)
-       SELECT id, tenant_id, pool_id, project_id, NULL, state, desired_state, 'created', $5, 1, $26 FROM i RETURNING id)
-     SELECT ${INSTANCE_COLUMNS}, (SELECT id::text FROM e) AS "eventId" FROM i`,
+       SELECT i.id, i.tenant_id, i.pool_id, i.project_id, s.from_state, s.to_state, i.desired_state, s.reason, s.actor, s.version, $26
+         FROM i, jsonb_to_recordset($37::jsonb) AS s(from_state text, to_state text, reason text, actor text, version int)
+        ORDER BY s.version RETURNING id, version)
+     SELECT ${INSTANCE_COLUMNS}, (SELECT array_agg(id::text ORDER BY version) FROM e) AS "eventIds" FROM i`,
     [
       id,
       caller.tenantId,
@@ -155,7 +178,7 @@ export async function admitInstance(w: Write, deps: AdmissionDeps, caller: Calle
       input.sshKeys,
       input.userData === undefined ? null : Buffer.from(deps.sealer.seal(input.userData, id)),
       placed.runtime,
-      opts.desiredState ?? input.desiredState,
+      desiredState,
       placed.nodeId,
       placed.allocationId,
       placed.addresses,
@@ -168,10 +191,17 @@ export async function admitInstance(w: Write, deps: AdmissionDeps, caller: Calle
       JSON.stringify(opts.sandbox?.env ?? {}),
       opts.sandbox?.networkPolicy ? JSON.stringify(opts.sandbox.networkPolicy) : null,
       opts.sandbox?.restoreFrom ? JSON.stringify(opts.sandbox.restoreFrom) : null,
+      last.to_state,
+      last.version,
+      placed.converged?.specGeneration ?? 0,
+      JSON.stringify(events),
     ],
   );
-  const { eventId, ...instance } = row as Instance & { eventId: string };
-  w.event(eventMessage(instance, null, eventId));
+  const { eventIds, ...instance } = row as Instance & { eventIds: string[] };
+  for (const [k, e] of events.entries())
+    w.event(eventMessage({ ...instance, state: e.to_state as Instance["state"], version: e.version }, e.from_state, eventIds[k] as string));
+  // The node's spec now holds the instance: its agent hears once this commits.
+  if (placed.converged && placed.nodeId) w.spec(placed.nodeId, placed.converged.specGeneration);
   // Metering counts the allocation from now: a warm instance's is the operator's until a claim.
   if (placed.allocationId) await openSpan(w, placed.allocationId, spanOwner(instance));
   if (opts.audit !== false)

@@ -152,6 +152,21 @@ export function decide(s: Situation): Step | null {
   }
 }
 
+/**
+ * The steps `decide` takes from `s` without news from a host and without effects of their own, in order: what
+ * a write that already holds the facts (admission, which placed the instance) may take at once.
+ */
+export function stepsWithoutHost(s: Situation): { to: InstanceState; reason: string }[] {
+  const steps: { to: InstanceState; reason: string }[] = [];
+  for (let at = s; steps.length < 8; ) {
+    const step = decide(at);
+    if (!step?.to || step.effects?.length || step.runtimeError) break;
+    steps.push({ to: step.to, reason: step.reason });
+    at = { ...at, state: step.to };
+  }
+  return steps;
+}
+
 /** A crash's condition message: what the host said, and what follows it. */
 function crashMessage(s: Situation, error: string | null): string {
   const what = error ?? "the guest crashed";

@@ -26,3 +26,38 @@ export async function reconcileOnce(w: Write, deps: DriverDeps, instanceId: stri
   if (!pool) return null;
   return driverFor(pool.class).reconcile(w, inst, pool, deps);
 }
+
+/** Steps per pass: enough to walk pending → running, bounded so a flapping instance cannot hold a writer. */
+const MAX_STEPS = 16;
+
+/**
+ * Every guarded step the instance's situation proves, in the Write's one transaction, until it has nothing left
+ * to do without news from its host: each step re-reads the row under the lock the pass holds and writes its own
+ * event, in order, and the host hears of the result once, at commit. Returns the instance if anything changed.
+ */
+export async function reconcilePass(w: Write, deps: DriverDeps, instanceId: string): Promise<Instance | null> {
+  let last: Instance | null = null;
+  for (let step = 0; step < MAX_STEPS; step++) {
+    const next = await reconcileOnce(w, deps, instanceId);
+    if (!next) break;
+    last = next;
+  }
+  return last;
+}
+
+/** At most this many instances are reconciled where their news arrived; a larger report is the worker's. */
+export const INLINE_PASSES = 8;
+
+/**
+ * A host's report just told something new about these instances: take their passes now, each in its own
+ * transaction, where the news arrived, instead of after a trip through the job queue. The jobs the report
+ * enqueued still run (they find nothing left, or whatever this missed); a failure here is theirs to retry.
+ */
+export async function reconcileNews(
+  write: (fn: (w: Write) => Promise<Instance | null>) => Promise<Instance | null>,
+  deps: DriverDeps,
+  instanceIds: readonly string[],
+): Promise<void> {
+  if (instanceIds.length > INLINE_PASSES) return;
+  for (const id of instanceIds) await write((w) => reconcilePass(w, deps, id)).catch(() => null);
+}

@@ -2,6 +2,7 @@ import type { ImageResolver, ResolvedImage } from "../catalog/images.ts";
 import type { Shape } from "../catalog/shapes.ts";
 import type { InstanceSet } from "../instances/changes.ts";
 import type { Instance } from "../instances/model.ts";
+import type { DesiredState, InstanceState } from "../instances/state.ts";
 import type { Sql } from "../kernel/db.ts";
 import type { Sealer } from "../kernel/seal.ts";
 import type { Write, WriteOptions } from "../kernel/write.ts";
@@ -64,6 +65,8 @@ export interface AdmitRequest {
   shape: Shape;
   /** Hosted pools: only this node will do (a restore from a snapshot its host holds). */
   onlyNodeId?: string;
+  /** What the instance is created to be: the steps an admission may take at once depend on it. */
+  desiredState: DesiredState;
 }
 
 /** Where an admitted instance runs and what it holds there. */
@@ -75,6 +78,12 @@ export interface Placed {
   runtime: string | null;
   /** Provider pools: the provider's machine type the flavor maps to. */
   offer?: string;
+  /**
+   * The steps the admission itself proves, taken in its transaction with an event each (hosted: placed at
+   * admission, so scheduled and placed at once), and the spec generation its node reached in doing so: the
+   * host hears of the instance when the create commits, not after a reconciler's round trip.
+   */
+  converged?: { steps: { to: InstanceState; reason: string }[]; specGeneration: number };
 }
 
 export interface DriverDeps {

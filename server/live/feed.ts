@@ -10,6 +10,19 @@ export interface Sink {
 const BATCH = 500;
 
 /**
+ * Where a sink is filed: under the narrowest thing its filter names. An event then visits only the sinks filed
+ * under its instance, project, pool or tenant, and those that watch everything: ten thousand watchers of one
+ * instance each cost an event one lookup, not ten thousand filter checks.
+ */
+function keyOf(f: EventFilter): string {
+  if (f.instanceId !== undefined) return `i:${f.instanceId}`;
+  if (f.projectId !== undefined) return `j:${f.projectId}`;
+  if (f.poolId !== undefined) return `p:${f.poolId}`;
+  if (f.tenantId !== undefined) return `t:${f.tenantId}`;
+  return "*";
+}
+
+/**
  * One per server process: tails the event table in commit order and hands each event to the local sinks whose
  * filter matches. A pub/sub message only wakes it (so a thousand subscribers cost one read per burst, not a
  * thousand); a poll covers messages lost while Redis reconnects. Because positions are given in commit order,
@@ -19,6 +32,8 @@ export class EventFeed {
   /** Every event up to here has been handed to the sinks attached at the time. */
   head = 0n;
   readonly sinks = new Set<Sink>();
+  /** The same sinks, filed by keyOf(filter). */
+  private readonly filed = new Map<string, Set<Sink>>();
   delivered = 0;
   private draining: Promise<void> | null = null;
   private again = false;
@@ -57,11 +72,36 @@ export class EventFeed {
 
   /** Synchronous on purpose: a sink attached now gets exactly the events after the current head. */
   attach(sink: Sink): void {
+    if (this.sinks.has(sink)) return;
     this.sinks.add(sink);
+    const key = keyOf(sink.filter);
+    let filed = this.filed.get(key);
+    if (!filed) {
+      filed = new Set();
+      this.filed.set(key, filed);
+    }
+    filed.add(sink);
   }
 
   detach(sink: Sink): void {
-    this.sinks.delete(sink);
+    if (!this.sinks.delete(sink)) return;
+    const key = keyOf(sink.filter);
+    const filed = this.filed.get(key);
+    filed?.delete(sink);
+    if (filed?.size === 0) this.filed.delete(key);
+  }
+
+  /** Hand one event to every sink whose filter matches it. */
+  private deliver(e: WatchedEvent): void {
+    for (const key of [`i:${e.instanceId}`, e.projectId === null ? null : `j:${e.projectId}`, `p:${e.poolId}`, `t:${e.tenantId}`, "*"]) {
+      const filed = key === null ? undefined : this.filed.get(key);
+      if (!filed) continue;
+      for (const sink of filed) {
+        if (!matches(sink.filter, e)) continue;
+        sink.push(e);
+        this.delivered++;
+      }
+    }
   }
 
   private async drain(): Promise<void> {
@@ -82,11 +122,7 @@ export class EventFeed {
           const batch = await this.platform.read((sql) => readEvents(sql, {}, from, null, BATCH));
           for (const e of batch) {
             this.head = e.position;
-            for (const sink of this.sinks) {
-              if (!matches(sink.filter, e)) continue;
-              sink.push(e);
-              this.delivered++;
-            }
+            this.deliver(e);
           }
           if (batch.length < BATCH) break;
         }
@@ -104,5 +140,6 @@ export class EventFeed {
     await this.listening;
     await this.draining;
     this.sinks.clear();
+    this.filed.clear();
   }
 }

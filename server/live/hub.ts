@@ -232,14 +232,24 @@ export class LiveHub {
     for (const c of this.connections) if (c.principal?.credential?.key === key) c.end(CloseCode.unauthorized, "credential revoked");
   }
 
-  /** The safety net under revocation messages: every credential is checked again now and then. */
+  /**
+   * The safety net under revocation messages: every credential is checked again now and then — once per pass,
+   * however many connections share it (ten thousand watchers on one token cost one read, not ten thousand).
+   */
   private async recheck(): Promise<void> {
-    for (const c of [...this.connections]) {
+    const byBearer = new Map<string, LiveConnection[]>();
+    for (const c of this.connections) {
       if (!c.bearer || !c.principal?.credential) continue;
+      const same = byBearer.get(c.bearer);
+      if (same) same.push(c);
+      else byBearer.set(c.bearer, [c]);
+    }
+    for (const [bearer, conns] of byBearer) {
       try {
-        if (!(await this.authenticate(c.bearer))) c.end(CloseCode.unauthorized, "credential expired or revoked");
+        if (await this.authenticate(bearer)) continue;
+        for (const c of conns) c.end(CloseCode.unauthorized, "credential expired or revoked");
       } catch {
-        // the database is unreachable: keep the connection, check again next time
+        // the database is unreachable: keep the connections, check again next time
       }
     }
   }

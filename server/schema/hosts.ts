@@ -2,6 +2,7 @@ import { z } from "zod";
 import type { Channels } from "../../contracts/channels.ts";
 import { commandReport, execChunk, type HostCommand, statusReport } from "../../contracts/host.ts";
 import { requireNode, requireOperator } from "../../core/auth/principal.ts";
+import { reconcileNews } from "../../core/instances/reconciler.ts";
 import { recordHostReport } from "../../core/instances/snapshots.ts";
 import { parseInput } from "../../core/kernel/validation.ts";
 import { commandsForNode } from "../../core/pools/hosted/commands.ts";
@@ -73,10 +74,13 @@ builder.mutationFields((t) => ({
     type: ReportAck,
     description: "A host's StatusReport (host protocol): sent on every change and as a heartbeat.",
     args: { report: t.arg({ type: "JSON", required: true }) },
-    resolve: (_r, { report }, ctx, info) => {
+    resolve: async (_r, { report }, ctx, info) => {
       const nodeId = requireNode(ctx.principal);
       const parsed = parseInput(statusReport, report, "report");
-      return mutate(ctx, info, (w) => recordReport(w, nodeId, parsed));
+      const ack = await mutate(ctx, info, (w) => recordReport(w, nodeId, parsed));
+      // The news is here: its reconcile passes need no trip through the job queue (they stay queued as a backstop).
+      await reconcileNews((fn) => ctx.platform.write({ actor: "reconciler", requestId: ctx.requestId }, fn), ctx.platform.drivers, ack.woken);
+      return ack;
     },
   }),
   reportCommand: t.field({

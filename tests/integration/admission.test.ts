@@ -41,10 +41,11 @@ describe("createInstance on a hosted pool", () => {
       userData: "#cloud-config\n",
       idempotencyKey: "first",
     });
+    // Placed at admission, so scheduled and on its host's spec in the same write.
     expect(inst).toMatchObject({
-      state: "PENDING",
+      state: "PROVISIONING",
       desiredState: "RUNNING",
-      version: 1,
+      version: 3,
       flavor: "small",
       vcpus: 2,
       imageVerified: true,
@@ -56,7 +57,11 @@ describe("createInstance on a hosted pool", () => {
     expect(inst.addresses).toEqual(["10.1.0.2"]); // .0 network, .1 gateway
     expect(inst.userData).toBe("#cloud-config\n");
     const events = await h.platform.db.prisma.instanceEvent.findMany({ where: { instanceId: inst.id } });
-    expect(events).toMatchObject([{ fromState: null, toState: "pending", version: 1, actor: t.identityId, reason: "created" }]);
+    expect(events.toSorted((a, b) => a.version - b.version)).toMatchObject([
+      { fromState: null, toState: "pending", version: 1, actor: t.identityId, reason: "created" },
+      { fromState: "pending", toState: "scheduling", version: 2, actor: "admission", reason: "schedule" },
+      { fromState: "scheduling", toState: "provisioning", version: 3, actor: "admission", reason: "placed" },
+    ]);
     expect(await h.platform.db.prisma.auditLog.count({ where: { targetId: inst.id, action: "createInstance" } })).toBe(1);
     const usage = await h.platform.db.prisma.quotaUsage.findMany({ where: { tenantId: t.id }, orderBy: { resource: "asc" } });
     expect(usage.map((u) => [u.resource, Number(u.used)])).toEqual([
@@ -77,7 +82,7 @@ describe("createInstance on a hosted pool", () => {
     const a = await create(t.client, input);
     const b = await create(t.client, input);
     expect(b.id).toBe(a.id);
-    expect(b.version).toBe(1);
+    expect(b.version).toBe(a.version);
     await refusedWithoutTrace(() => create(t.client, { ...input, sshKeys: [testKey()] }), "CONFLICT");
     // The same key from another tenant is another instance.
     const other = await h.tenant();

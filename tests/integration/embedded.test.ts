@@ -107,7 +107,7 @@ describe("npm start (bc dev --sim 3, embedded: PGlite, in-memory bus and jobs)",
       encoding: "utf8",
     });
     expect(walk.stderr).toBe("");
-    expect(walk.stdout).toMatch(/^inst_[a-z2-7]{52} PENDING on node_[a-z2-7]+ at 10\.42\.0\.2\n$/);
+    expect(walk.stdout).toMatch(/^inst_[a-z2-7]{52} PROVISIONING on node_[a-z2-7]+ at 10\.42\.0\.2\n$/);
     const instanceId = walk.stdout.split(" ")[0] as string;
     const op = createClient({ url: first.url, token: first.token });
     const tenantId = (await op.request(TenantsDocument)).tenants.find((x) => x.name === "acme")?.id as string;

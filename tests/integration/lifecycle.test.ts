@@ -33,21 +33,24 @@ describe("start, stop, delete record intent only", () => {
     const pool = await h.hostedPool();
     const inst = await create(t, { poolId: pool.poolId, flavor: "small", imageId: pool.imageId });
     const stopped = (await t.client.request(StopInstanceDocument, { id: inst.id })).stopInstance;
-    expect(stopped).toMatchObject({ state: "PENDING", desiredState: "STOPPED", version: 2 });
-    expect((await t.client.request(StopInstanceDocument, { id: inst.id })).stopInstance.version).toBe(2);
+    // Created, scheduled and placed in the create's own write (versions 1–3); each request adds one.
+    expect(stopped).toMatchObject({ state: "PROVISIONING", desiredState: "STOPPED", version: 4 });
+    expect((await t.client.request(StopInstanceDocument, { id: inst.id })).stopInstance.version).toBe(4);
     const started = (await t.client.request(StartInstanceDocument, { id: inst.id })).startInstance;
-    expect(started).toMatchObject({ desiredState: "RUNNING", version: 3 });
+    expect(started).toMatchObject({ desiredState: "RUNNING", version: 5 });
     const deleted = (await t.client.request(DeleteInstanceDocument, { id: inst.id })).deleteInstance;
-    expect(deleted).toMatchObject({ state: "PENDING", desiredState: "DELETED", version: 4 });
+    expect(deleted).toMatchObject({ state: "PROVISIONING", desiredState: "DELETED", version: 6 });
     // Nothing is released until a host confirms the domain gone.
     expect(deleted.allocationId).not.toBeNull();
-    expect((await t.client.request(DeleteInstanceDocument, { id: inst.id })).deleteInstance.version).toBe(4);
+    expect((await t.client.request(DeleteInstanceDocument, { id: inst.id })).deleteInstance.version).toBe(6);
     await expectCode(t.client.request(StartInstanceDocument, { id: inst.id }), "PRECONDITION_FAILED");
     expect((await events(inst.id)).map((e) => [e.version, e.reason, e.toState, e.desiredState])).toEqual([
       [1, "created", "pending", "running"],
-      [2, "requested:stopped", "pending", "stopped"],
-      [3, "requested:running", "pending", "running"],
-      [4, "requested:deleted", "pending", "deleted"],
+      [2, "schedule", "scheduling", "running"],
+      [3, "placed", "provisioning", "running"],
+      [4, "requested:stopped", "provisioning", "stopped"],
+      [5, "requested:running", "provisioning", "running"],
+      [6, "requested:deleted", "provisioning", "deleted"],
     ]);
     const audit = await h.platform.db.prisma.auditLog.findMany({ where: { targetId: inst.id }, orderBy: { id: "asc" } });
     expect(audit.map((a) => a.action)).toEqual(["createInstance", "stopInstance", "startInstance", "deleteInstance"]);

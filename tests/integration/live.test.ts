@@ -1,5 +1,7 @@
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { WebSocket } from "ws";
+import type { Principal } from "../../core/auth/principal.ts";
+import { type EventFilter, headPosition, type WatchedEvent } from "../../core/instances/events.ts";
 import {
   CreateApiTokenDocument,
   CreateInstanceDocument,
@@ -12,6 +14,8 @@ import {
   watchInstanceEvents,
 } from "../../sdk/client.ts";
 import { type App, startServer } from "../../server/app.ts";
+import type { Sink } from "../../server/live/feed.ts";
+import { LiveHub } from "../../server/live/hub.ts";
 import { expectCode, type Harness, startHarness } from "../support/harness.ts";
 import { EVENT_FIELDS, headCursor, watcher } from "../support/live.ts";
 import { admin } from "../support/pg.ts";
@@ -46,6 +50,8 @@ async function tenantWithInstance(h: Harness, extra: { userData?: string } = {})
 }
 
 const versions = (evs: Ev[]) => evs.map((e) => e.version);
+/** Events a hosted create writes: created, then scheduled and placed in the same write (placed at admission). */
+const C = 3;
 const range = (a: number, b: number) => Array.from({ length: b - a + 1 }, (_, i) => a + i);
 
 describe.each([
@@ -64,14 +70,16 @@ describe.each([
     const w = watcher<Ev>(h.url, t.token, EVENTS, { after: await headCursor(t.client) });
     const inst = (await t.client.request(CreateInstanceDocument, { input: { poolId: pool.poolId, flavor: "small", imageId: pool.imageId } })).createInstance;
     await flip(t.client, inst.id, 2);
-    await expect.poll(() => w.events.length, { timeout: 10_000, interval: 20 }).toBe(3);
+    await expect.poll(() => w.events.length, { timeout: 10_000, interval: 20 }).toBe(5);
     expect(w.events).toMatchObject([
       { fromState: null, toState: "PENDING", desiredState: "RUNNING", reason: "created", actor: t.identityId, version: 1 },
-      { fromState: "PENDING", toState: "PENDING", desiredState: "STOPPED", reason: "requested:stopped", version: 2 },
-      { fromState: "PENDING", toState: "PENDING", desiredState: "RUNNING", reason: "requested:running", version: 3 },
+      { fromState: "PENDING", toState: "SCHEDULING", desiredState: "RUNNING", reason: "schedule", actor: "admission", version: 2 },
+      { fromState: "SCHEDULING", toState: "PROVISIONING", desiredState: "RUNNING", reason: "placed", actor: "admission", version: 3 },
+      { fromState: "PROVISIONING", toState: "PROVISIONING", desiredState: "STOPPED", reason: "requested:stopped", version: 4 },
+      { fromState: "PROVISIONING", toState: "PROVISIONING", desiredState: "RUNNING", reason: "requested:running", version: 5 },
     ]);
     expect(w.events.every((e) => e.instance.id === inst.id)).toBe(true);
-    expect(new Set(w.events.map((e) => e.cursor)).size).toBe(3);
+    expect(new Set(w.events.map((e) => e.cursor)).size).toBe(5);
     expect(w.errors).toEqual([]);
     await w.dispose();
   });
@@ -80,16 +88,16 @@ describe.each([
     const { t, inst } = await tenantWithInstance(h);
     const first = watcher<Ev>(h.url, t.token, CHANGED, { id: inst.id, after: "0" });
     await flip(t.client, inst.id, 3);
-    await expect.poll(() => versions(first.events), { timeout: 10_000, interval: 20 }).toEqual([1, 2, 3, 4]);
+    await expect.poll(() => versions(first.events), { timeout: 10_000, interval: 20 }).toEqual(range(1, C + 3));
     first.socket?.terminate();
     await expect.poll(() => first.closed?.code, { timeout: 5000, interval: 20 }).toBe(1006);
     // Missed while away.
     await flip(t.client, inst.id, 5, 3);
     const last = first.events.at(-1)?.cursor as string;
     const again = watcher<Ev>(h.url, t.token, CHANGED, { id: inst.id, after: last });
-    await expect.poll(() => versions(again.events), { timeout: 10_000, interval: 20 }).toEqual(range(5, 9));
+    await expect.poll(() => versions(again.events), { timeout: 10_000, interval: 20 }).toEqual(range(C + 4, C + 8));
     await flip(t.client, inst.id, 2, 8);
-    await expect.poll(() => versions(again.events), { timeout: 10_000, interval: 20 }).toEqual(range(5, 11));
+    await expect.poll(() => versions(again.events), { timeout: 10_000, interval: 20 }).toEqual(range(C + 4, C + 10));
     await first.dispose();
     await again.dispose();
   });
@@ -116,9 +124,11 @@ describe("live connections", () => {
     await a.client.request(CreateInstanceDocument, { input: { poolId: other.poolId, flavor: "small", imageId: other.imageId } });
     // B's own change comes after A's: once B sees it, A's had their chance to leak.
     const bInst = (await b.client.request(CreateInstanceDocument, { input: { poolId: pool.poolId, flavor: "small", imageId: pool.imageId } })).createInstance;
-    await expect.poll(() => bAll.events.length + bPool.events.length, { timeout: 10_000, interval: 20 }).toBe(2);
-    expect([...bAll.events, ...bPool.events].map((e) => e.instance.id)).toEqual([bInst.id, bInst.id]);
-    await expect.poll(() => op.events.map((e) => e.instance.id), { timeout: 10_000, interval: 20 }).toEqual([aInst.id, aInst.id, aInst.id, bInst.id]);
+    await expect.poll(() => bAll.events.length + bPool.events.length, { timeout: 10_000, interval: 20 }).toBe(2 * C);
+    expect([...bAll.events, ...bPool.events].map((e) => e.instance.id)).toEqual(Array(2 * C).fill(bInst.id));
+    await expect
+      .poll(() => op.events.map((e) => e.instance.id), { timeout: 10_000, interval: 20 })
+      .toEqual([...Array(C + 2).fill(aInst.id), ...Array(C).fill(bInst.id)]);
 
     const peek = watcher<Ev>(h.url, b.token, CHANGED, { id: aInst.id });
     await expect.poll(() => peek.errors.length, { timeout: 5000, interval: 20 }).toBe(1);
@@ -134,6 +144,38 @@ describe("live connections", () => {
     const bad = watcher<Ev>(h.url, b.token, EVENTS, { after: "not-a-cursor" });
     await expect.poll(() => bad.errors[0], { timeout: 5000, interval: 20 }).toMatchObject({ extensions: { code: "INVALID_INPUT" } });
     for (const w of [bAll, bPool, op, peek, denied, agentWatch, bad]) await w.dispose();
+  });
+
+  it("re-checks each credential once per pass, however many connections share it", async () => {
+    const checked: string[] = [];
+    // Stands in for the database: "live" still works, "dead" was revoked without the message arriving.
+    const hub = await LiveHub.start(h.platform, async (bearer) => {
+      checked.push(bearer);
+      return bearer === "live" ? principal("live") : null;
+    });
+    const principal = (key: string): Principal => ({
+      identityId: key,
+      tenantId: null,
+      operator: false,
+      scopes: new Set(),
+      credential: { key, expiresAt: null },
+    });
+    const closed: Record<string, number[]> = { live: [], dead: [] };
+    try {
+      for (const bearer of ["live", "dead"])
+        for (let i = 0; i < 50; i++) hub.connect({ close: (code) => closed[bearer]?.push(code) }, principal(bearer), bearer);
+      // One pass (LIVE_REAUTH_MS is 500 here) ends every connection on the dead credential...
+      await expect.poll(() => closed.dead, { timeout: 5000, interval: 20 }).toEqual(Array(50).fill(4401));
+      expect(closed.live).toEqual([]);
+      expect(hub.connections.size).toBe(50);
+      // ...having asked about each credential once, not once per connection.
+      expect(checked.filter((b) => b === "dead")).toEqual(["dead"]);
+      const passes = checked.filter((b) => b === "live").length;
+      expect(passes).toBeGreaterThanOrEqual(1);
+      expect(passes).toBeLessThanOrEqual(2);
+    } finally {
+      await hub.close();
+    }
   });
 
   it("ends a connection when its token is revoked or expires, and refuses a dead token at connect", async () => {
@@ -166,20 +208,20 @@ describe("live connections", () => {
     type Big = { cursor: string; version: number };
     const fast = watcher<Big>(h.url, t.token, q, { id: inst.id, after: "0" });
     const slow = watcher<Big>(h.url, t.token, q, { id: inst.id, after: "0" });
-    await expect.poll(() => fast.events.length + slow.events.length, { timeout: 10_000, interval: 20 }).toBe(2);
+    await expect.poll(() => fast.events.length + slow.events.length, { timeout: 10_000, interval: 20 }).toBe(2 * C);
     slow.socket?.pause();
     const flips = 600;
     await flip(t.client, inst.id, flips);
-    await expect.poll(() => versions(fast.events as never), { timeout: 60_000, interval: 50 }).toEqual(range(1, flips + 1));
+    await expect.poll(() => versions(fast.events as never), { timeout: 60_000, interval: 50 }).toEqual(range(1, flips + C));
     const metrics = async () => (await fetch(h.url.replace("/graphql", "/metrics"))).text();
     await expect.poll(metrics, { timeout: 20_000, interval: 100 }).toMatch(/bc_live_closed_total\{code="4008"\} 1/);
     slow.socket?.resume();
     await expect.poll(() => slow.closed, { timeout: 20_000, interval: 50 }).toMatchObject({ code: 4008, reason: expect.stringMatching(/slow consumer/) });
     const got = slow.events.length;
-    expect(got).toBeGreaterThan(1);
-    expect(got).toBeLessThan(flips + 1);
+    expect(got).toBeGreaterThan(C);
+    expect(got).toBeLessThan(flips + C);
     const resumed = watcher<Big>(h.url, t.token, q, { id: inst.id, after: slow.events.at(-1)?.cursor });
-    await expect.poll(() => [...slow.events, ...resumed.events].map((e) => e.version), { timeout: 30_000, interval: 50 }).toEqual(range(1, flips + 1));
+    await expect.poll(() => [...slow.events, ...resumed.events].map((e) => e.version), { timeout: 30_000, interval: 50 }).toEqual(range(1, flips + C));
     expect(fast.closed).toBeNull();
     for (const w of [fast, slow, resumed]) await w.dispose();
   });
@@ -188,15 +230,15 @@ describe("live connections", () => {
     const { t, inst } = await tenantWithInstance(h);
     const seen = watcher<Ev>(h.url, t.token, CHANGED, { id: inst.id, after: "0" });
     await flip(t.client, inst.id, 3);
-    await expect.poll(() => versions(seen.events), { timeout: 10_000, interval: 20 }).toEqual([1, 2, 3, 4]);
+    await expect.poll(() => versions(seen.events), { timeout: 10_000, interval: 20 }).toEqual(range(1, C + 3));
     // A second replica whose feed has not caught up: the client's cursor (from the first) is ahead of it.
     const lagging = await startServer(h.platform, { port: 0, host: "127.0.0.1" });
     lagging.hub.feed.head = BigInt(seen.events[0]?.cursor as string);
-    const resumed = watcher<Ev>(lagging.url, t.token, CHANGED, { id: inst.id, after: seen.events[3]?.cursor });
+    const resumed = watcher<Ev>(lagging.url, t.token, CHANGED, { id: inst.id, after: seen.events.at(-1)?.cursor });
     await expect.poll(() => lagging.hub.subscriptions(), { timeout: 5000, interval: 20 }).toBe(1);
     lagging.hub.feed.poke();
     await flip(t.client, inst.id, 1, 3);
-    await expect.poll(() => versions(resumed.events), { timeout: 10_000, interval: 20 }).toEqual([5]);
+    await expect.poll(() => versions(resumed.events), { timeout: 10_000, interval: 20 }).toEqual([C + 4]);
     await seen.dispose();
     await resumed.dispose();
     await lagging.close();
@@ -228,7 +270,7 @@ describe("live connections", () => {
     // Resynced, and subscribed again (from now) before the change is made.
     await expect.poll(() => resyncs.length === 1 && h.app.hub.subscriptions() === base + 1, { timeout: 5000, interval: 20 }).toBe(true);
     await flip(t.client, inst.id, 1);
-    await expect.poll(() => seen, { timeout: 10_000, interval: 20 }).toEqual([2]);
+    await expect.poll(() => seen, { timeout: 10_000, interval: 20 }).toEqual([C + 1]);
     expect(resyncs).toEqual([expect.objectContaining({ cursor: future })]);
     controller.abort();
     await done;
@@ -245,19 +287,19 @@ describe("live connections", () => {
       for await (const e of stream) {
         if (e.instance.id !== inst.id) continue;
         seen.push(e.version);
-        if (e.version === 12) return;
+        if (e.version === C + 11) return;
       }
     })();
-    await expect.poll(() => seen, { timeout: 10_000, interval: 20 }).toEqual([1]);
+    await expect.poll(() => seen, { timeout: 10_000, interval: 20 }).toEqual(range(1, C));
     await flip(t.client, inst.id, 3);
-    await expect.poll(() => seen.length, { timeout: 10_000, interval: 20 }).toBe(4);
+    await expect.poll(() => seen.length, { timeout: 10_000, interval: 20 }).toBe(C + 3);
     await app.close();
     // While no server listens, changes go on through the harness's own server.
     await flip(t.client, inst.id, 4, 3);
     app = await startServer(h.platform, { port, host: "127.0.0.1" });
     await flip(t.client, inst.id, 4, 7);
     await reading;
-    expect(seen).toEqual(range(1, 12));
+    expect(seen).toEqual(range(1, C + 11));
     expect(reconnects[0]).toBe(1012);
     await app.close();
   });
@@ -302,6 +344,61 @@ describe("closed connections", () => {
     await expect.poll(() => h.app.hub.connections.size, { timeout: 10_000, interval: 20 }).toBe(base.connections);
     expect(h.app.hub.subscriptions()).toBe(base.subscriptions);
     await expect.poll(() => h.app.liveOperations(), { timeout: 10_000, interval: 20 }).toBe(0);
+  });
+});
+
+describe("the event feed", () => {
+  let h: Harness;
+  beforeAll(async () => {
+    h = await startHarness();
+  });
+  afterAll(async () => h?.close());
+
+  /** A sink that counts how often the feed looks at its filter. */
+  class CountingSink implements Sink {
+    looks = 0;
+    readonly got: WatchedEvent[] = [];
+    constructor(private readonly f: EventFilter) {}
+    get filter(): EventFilter {
+      this.looks++;
+      return this.f;
+    }
+    push(e: WatchedEvent): void {
+      this.got.push(e);
+    }
+  }
+
+  it("hands an event to the sinks it concerns without looking at the others (10,000 watchers of other instances)", async () => {
+    const { t, inst } = await tenantWithInstance(h);
+    const [row] = await h.platform.read((sql) =>
+      sql.query<{ poolId: string; projectId: string | null }>(`SELECT pool_id AS "poolId", project_id AS "projectId" FROM instances WHERE id = $1`, [inst.id]),
+    );
+    const feed = h.app.hub.feed;
+    // Attached once the feed has passed the create: the sinks get the flips below and nothing before them.
+    await expect.poll(async () => feed.head >= (await h.platform.read(headPosition)), { timeout: 10_000, interval: 20 }).toBe(true);
+    const others = Array.from({ length: 10_000 }, (_, i) => new CountingSink({ instanceId: `other-${i}` }));
+    const concerned = [
+      new CountingSink({ instanceId: inst.id }),
+      new CountingSink({ poolId: row?.poolId as string }),
+      new CountingSink({ tenantId: t.id, poolId: row?.poolId as string }),
+      ...(row?.projectId ? [new CountingSink({ projectId: row.projectId })] : []),
+      new CountingSink({}),
+    ];
+    const elsewhere = [new CountingSink({ poolId: "another-pool" }), new CountingSink({ tenantId: "another-tenant" })];
+    const all = [...others, ...concerned, ...elsewhere];
+    for (const s of all) feed.attach(s);
+    try {
+      const looked = all.map((s) => s.looks);
+      await flip(t.client, inst.id, 3);
+      await expect.poll(() => concerned.map((s) => s.got.length), { timeout: 10_000, interval: 20 }).toEqual(concerned.map(() => 3));
+      expect(concerned.every((s) => s.got.every((e) => e.instanceId === inst.id))).toBe(true);
+      expect([...others, ...elsewhere].every((s) => s.got.length === 0)).toBe(true);
+      // The cost of an event grows with the subscriptions it concerns, not with every subscription on the server.
+      expect(others.filter((s, i) => s.looks !== looked[i]).length).toBe(0);
+    } finally {
+      for (const s of all) feed.detach(s);
+    }
+    expect(feed.sinks.size).toBe(0);
   });
 });
 

@@ -1,14 +1,11 @@
-import { reconcileOnce } from "../../core/instances/reconciler.ts";
+import { reconcilePass } from "../../core/instances/reconciler.ts";
 import { driverFor } from "../../core/pools/registry.ts";
 import type { Platform } from "../../infra/platform.ts";
 
-/** Steps per run: enough to walk pending → running, bounded so a flapping instance cannot hold a worker. */
-const MAX_STEPS = 16;
-
 /**
- * `vps.instances`: apply one guarded step per transaction until the instance has nothing left to do. Each
- * step re-reads the row under its lock, so stale and duplicate jobs do nothing. Instances whose driver
- * converges through an outside API (provider pools) run its `sync` instead, which says when to look again.
+ * `vps.instances`: one reconcile pass (core/instances/reconciler.ts) in one transaction; stale and duplicate jobs
+ * do nothing. Instances whose driver converges through an outside API (provider pools) run its `sync` instead,
+ * which says when to look again.
  */
 export async function reconcileInstance(platform: Platform, instanceId: string): Promise<void> {
   const poolClass = await platform.read((sql) =>
@@ -20,8 +17,5 @@ export async function reconcileInstance(platform: Platform, instanceId: string):
     if (again !== null) await platform.jobs.enqueue("vps.poll", { instanceId }, { delayMs: again });
     return;
   }
-  for (let step = 0; step < MAX_STEPS; step++) {
-    const changed = await platform.write({ actor: "reconciler" }, (w) => reconcileOnce(w, platform.drivers, instanceId));
-    if (!changed) return;
-  }
+  await platform.write({ actor: "reconciler" }, (w) => reconcilePass(w, platform.drivers, instanceId));
 }

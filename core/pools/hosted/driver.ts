@@ -1,6 +1,7 @@
 import { AppError, invalid, notFound } from "../../../contracts/errors.ts";
 import { closeSpan, openSpan, spanOwner } from "../../books/spans.ts";
 import type { Shape } from "../../catalog/shapes.ts";
+import { stepsWithoutHost } from "../../instances/decide.ts";
 import type { Instance } from "../../instances/model.ts";
 import { one } from "../../kernel/db.ts";
 import type { Write } from "../../kernel/write.ts";
@@ -67,9 +68,28 @@ export const hostedDriver: PoolDriver = {
       shape: req.shape,
       singleTenant: req.pool.singleTenant,
       ...(req.onlyNodeId ? { onlyNodeId: req.onlyNodeId } : {}),
+      bumpSpec: true,
     });
     const address = await leaseAddress(w.sql, req.pool.id, req.instanceId, w.now);
-    return { nodeId: placement.nodeId, allocationId: placement.allocationId, addresses: [address], image, runtime: deps.runtimes[0] ?? null };
+    // Placed on a ready node: what the reconciler would do next needs no host, so the create does it.
+    const steps = stepsWithoutHost({
+      state: "pending",
+      desired: req.desiredState,
+      placed: true,
+      node: { lost: false, gone: false },
+      observed: null,
+      attempts: 0,
+      maxAttempts: deps.maxRecreateAttempts,
+      retryRequested: false,
+    });
+    return {
+      nodeId: placement.nodeId,
+      allocationId: placement.allocationId,
+      addresses: [address],
+      image,
+      runtime: deps.runtimes[0] ?? null,
+      converged: { steps, specGeneration: placement.specGeneration },
+    };
   },
 
   /** In place, on the instance's own node: the old claim is given back and the new one taken in this transaction. */

@@ -6,6 +6,8 @@ import type { IdSource } from "../../kernel/ids.ts";
 export interface Placement {
   nodeId: string;
   allocationId: string;
+  /** The node's spec generation after the claim (bumped by it when the request asked). */
+  specGeneration: number;
   gpus: { id: string; model: string; index: number; pciAddress: string | null }[];
 }
 
@@ -19,6 +21,11 @@ export interface PlaceRequest {
   onlyNodeId?: string;
   /** Recreate: hosts that refused this instance before. */
   excludeNodeIds?: readonly string[];
+  /**
+   * Admission: the instance joins the node's desired set in this transaction, so the claim bumps the node's spec
+   * generation in the same statement (generations.ts) rather than in one more round trip on the same row.
+   */
+  bumpSpec?: boolean;
 }
 
 const CANDIDATES = 8;
@@ -30,10 +37,11 @@ const FITS = `n.pool_id = $1 AND n.state = 'ready' AND n.lost_at IS NULL AND n.g
   AND n.cap_vcpus - n.alloc_vcpus >= $2 AND n.cap_memory_mib - n.alloc_memory_mib >= $3 AND n.cap_disk_gib - n.alloc_disk_gib >= $4
   AND (NOT $5::boolean OR n.dedicated_tenant_id IS NULL OR n.dedicated_tenant_id = $6)`;
 
-// Claim the counters of node $8 for the request; re-checks the fit on the row version it locked.
-const CLAIM = `UPDATE nodes n SET alloc_vcpus = alloc_vcpus + $2, alloc_memory_mib = alloc_memory_mib + $3,
+// Claim the counters of the node for the request (and bump its spec generation when asked); re-checks the fit on
+// the row version it locked.
+const claim = (bumpSpec: boolean | undefined) => `UPDATE nodes n SET alloc_vcpus = alloc_vcpus + $2, alloc_memory_mib = alloc_memory_mib + $3,
     alloc_disk_gib = alloc_disk_gib + $4, alloc_instances = alloc_instances + 1,
-    dedicated_tenant_id = CASE WHEN $5::boolean THEN $6 ELSE dedicated_tenant_id END`;
+    dedicated_tenant_id = CASE WHEN $5::boolean THEN $6 ELSE dedicated_tenant_id END${bumpSpec ? ", spec_generation = spec_generation + 1" : ""}`;
 
 /**
  * Place an instance on one node of the pool, inside the caller's transaction.
@@ -52,17 +60,18 @@ export async function place(sql: Sql, ids: IdSource, req: PlaceRequest): Promise
 
   if (s.gpus.length === 0) {
     // The common case in one statement: pick, lock, claim and record the allocation.
-    const [fast] = await sql.query<{ node_id: string }>(
+    const [fast] = await sql.query<{ node_id: string; generation: number }>(
       `WITH pick AS (
          SELECT n.id FROM nodes n WHERE ${FITS}
           ORDER BY (SELECT count(*) FROM node_gpus g WHERE g.node_id = n.id AND g.allocation_id IS NULL), n.cap_memory_mib - n.alloc_memory_mib, n.id
           LIMIT 1 FOR UPDATE SKIP LOCKED),
-       claimed AS (${CLAIM} FROM pick WHERE n.id = pick.id AND ${FITS} RETURNING n.id)
-       INSERT INTO allocations (id, node_id, instance_id, tenant_id, vcpus, memory_mib, disk_gib)
-       SELECT $9, claimed.id, $10, $6, $2, $3, $4 FROM claimed RETURNING node_id`,
+       claimed AS (${claim(req.bumpSpec)} FROM pick WHERE n.id = pick.id AND ${FITS} RETURNING n.id, n.spec_generation),
+       made AS (INSERT INTO allocations (id, node_id, instance_id, tenant_id, vcpus, memory_mib, disk_gib)
+         SELECT $9, claimed.id, $10, $6, $2, $3, $4 FROM claimed RETURNING node_id)
+       SELECT made.node_id, claimed.spec_generation AS generation FROM made JOIN claimed ON claimed.id = made.node_id`,
       [...base, allocationId, req.instanceId],
     );
-    if (fast) return { nodeId: fast.node_id, allocationId, gpus: [] };
+    if (fast) return { nodeId: fast.node_id, allocationId, specGeneration: fast.generation, gpus: [] };
   }
 
   const candidates = await sql.query<{ id: string }>(
@@ -90,8 +99,9 @@ export async function place(sql: Sql, ids: IdSource, req: PlaceRequest): Promise
 async function tryNode(sql: Sql, base: unknown[], req: PlaceRequest, nodeId: string, allocationId: string, wait: boolean): Promise<Placement | null | "busy"> {
   // A savepoint lets a node whose GPUs went short after the counters were claimed be given back whole.
   await sql.query("SAVEPOINT place_node");
-  const claimed = await sql.query<{ id: string }>(
-    `${CLAIM} WHERE n.id = $9 AND ${FITS} ${wait ? "" : "AND n.id IN (SELECT id FROM nodes WHERE id = $9 FOR UPDATE SKIP LOCKED)"} RETURNING n.id`,
+  const claimed = await sql.query<{ id: string; generation: number }>(
+    `${claim(req.bumpSpec)} WHERE n.id = $9 AND ${FITS} ${wait ? "" : "AND n.id IN (SELECT id FROM nodes WHERE id = $9 FOR UPDATE SKIP LOCKED)"}
+     RETURNING n.id, n.spec_generation AS generation`,
     [...base, nodeId],
   );
   if (claimed.length === 0) {
@@ -126,7 +136,7 @@ async function tryNode(sql: Sql, base: unknown[], req: PlaceRequest, nodeId: str
     gpus.push(...got);
   }
   await sql.query("RELEASE SAVEPOINT place_node");
-  return { nodeId, allocationId, gpus: gpus.sort((a, b) => a.index - b.index) };
+  return { nodeId, allocationId, specGeneration: claimed[0]?.generation as number, gpus: gpus.sort((a, b) => a.index - b.index) };
 }
 
 /** Give back what an allocation holds on its node, and delete it. */

@@ -12,7 +12,7 @@ import type { Write } from "../../kernel/write.ts";
  * A host that lacks its pool's runtime refuses the pool's spec: the node shows `refusing`, and nothing it
  * says of domains is taken as news of the pool's instances (reconcile.ts marks them).
  */
-export async function recordReport(w: Write, nodeId: string, report: StatusReport): Promise<{ generation: number }> {
+export async function recordReport(w: Write, nodeId: string, report: StatusReport): Promise<{ generation: number; woken: string[] }> {
   const { sql, now } = w;
   // Lock order, everywhere: instance rows before node rows (an instance change bumps its node's generation).
   // So the node row is read here without a lock and written last.
@@ -93,7 +93,7 @@ export async function recordReport(w: Write, nodeId: string, report: StatusRepor
       },
     });
   } else w.unchanged();
-  return { generation: updated?.generation ?? 0 };
+  return { generation: updated?.generation ?? 0, woken: wake };
 }
 
 const MAX_REPORTED_ADDRESSES = 16;
