@@ -16,16 +16,35 @@ export interface SpanOwner {
   warm: boolean;
 }
 
-/** Open the span of an allocation just taken; its shape (and GPUs) are the allocation's. */
-export async function openSpan(w: Write, allocationId: string, owner: SpanOwner): Promise<void> {
-  await w.sql.query(
-    `INSERT INTO meter_spans (id, allocation_id, instance_id, tenant_id, project_id, warm, vcpus, memory_mib, gpus, started_at, metered_until)
-     SELECT $1, a.id, $3, $4, $5, $6, a.vcpus, a.memory_mib,
+/**
+ * The INSERT that opens the span of an allocation just taken; its shape (and GPUs) are the allocation's.
+ * `p(k)` names the statement's placeholder for the k-th of spanParams' values; `from` may join rows the
+ * insert depends on (admission joins its new instance, so no instance means no span).
+ */
+export const openSpanSql = (
+  p: (k: number) => string,
+  from = "",
+) => `INSERT INTO meter_spans (id, allocation_id, instance_id, tenant_id, project_id, warm, vcpus, memory_mib, gpus, started_at, metered_until)
+     SELECT ${p(0)}, a.id, ${p(2)}, ${p(3)}, ${p(4)}, ${p(5)}, a.vcpus, a.memory_mib,
             COALESCE((SELECT jsonb_agg(jsonb_build_object('model', g.model, 'count', g.n) ORDER BY g.model)
                         FROM (SELECT model, count(*)::int AS n FROM node_gpus WHERE allocation_id = a.id GROUP BY model) g), '[]'::jsonb),
-            $7, $7
-       FROM allocations a WHERE a.id = $2`,
-    [w.ids("mspan"), allocationId, owner.instanceId, owner.tenantId, owner.projectId, owner.warm, w.now],
+            ${p(6)}::timestamptz, ${p(6)}::timestamptz
+       FROM allocations a${from} WHERE a.id = ${p(1)}`;
+
+export const spanParams = (w: Write, allocationId: string, owner: SpanOwner) => [
+  w.ids("mspan"),
+  allocationId,
+  owner.instanceId,
+  owner.tenantId,
+  owner.projectId,
+  owner.warm,
+  w.now,
+];
+
+export async function openSpan(w: Write, allocationId: string, owner: SpanOwner): Promise<void> {
+  await w.sql.query(
+    openSpanSql((k) => `$${k + 1}`),
+    spanParams(w, allocationId, owner),
   );
 }
 

@@ -1,7 +1,7 @@
 import { z } from "zod";
 import { AppError, notFound } from "../../contracts/errors.ts";
 import type { NetworkPolicy } from "../../contracts/host.ts";
-import { openSpan, spanOwner } from "../books/spans.ts";
+import { openSpanSql, spanOwner, spanParams } from "../books/spans.ts";
 import { chargeOf, type Shape, shape as shapeSchema } from "../catalog/shapes.ts";
 import { instanceId } from "../kernel/ids.ts";
 import type { Sealer } from "../kernel/seal.ts";
@@ -9,7 +9,7 @@ import { idempotencyKey, parseInput } from "../kernel/validation.ts";
 import type { Write } from "../kernel/write.ts";
 import type { DriverDeps, Pool } from "../pools/driver.ts";
 import { driverFor } from "../pools/registry.ts";
-import { chargeQuota } from "../tenancy/quota.ts";
+import { chargeRows, chargeSql, ensureUsageRows, needsUsageRows, quotaRefusal } from "../tenancy/quota.ts";
 import { eventMessage } from "./changes.ts";
 import { INSTANCE_COLUMNS, type Instance } from "./model.ts";
 import { sshPublicKey } from "./ssh.ts";
@@ -140,23 +140,39 @@ export async function admitInstance(w: Write, deps: AdmissionDeps, caller: Calle
   ];
   const last = events[events.length - 1] as (typeof events)[number];
   const charge = opts.charge === false ? {} : chargeOf(shape);
-  await chargeQuota(sql, caller.tenantId, charge);
+  const { resources, amounts } = chargeRows(charge);
+  if (needsUsageRows(resources)) await ensureUsageRows(sql, caller.tenantId, resources);
 
-  const [row] = await sql.query<Instance & { eventIds: string[] }>(
-    `WITH i AS (
+  // One statement for the rest, hot rows last: the quota charge (the tenant's rows, which every create of the
+  // tenant waits on), then the instance, its events and its meter span only if the whole charge held. The
+  // node row, claimed by the driver's placement, and these are then held for this statement and the commit.
+  const owner = spanOwner({
+    id,
+    tenantId: caller.tenantId,
+    projectId: input.projectId ?? null,
+    warmTemplateId: opts.sandbox?.warmTemplate?.id ?? null,
+    claimedAt: null,
+  });
+  const [row] = await sql.query<Instance & { eventIds: string[] | null; raised: string[] | null }>(
+    `WITH q AS (${chargeSql("$2", "$38", "$39")}),
+     i AS (
        INSERT INTO instances (id, tenant_id, pool_id, project_id, owner_identity_id, idempotency_key, request_hash, flavor, vcpus,
          memory_mib, disk_gib, gpus, image_id, image_url, image_sha256, image_format, image_verified, ssh_keys, user_data_sealed,
          runtime, state, desired_state, node_id, allocation_id, addresses, charge, offer, sandbox_id, warm_template_id, warm_template_version, env,
          network_policy, restore_from, version, spec_generation, created_at, updated_at)
-       VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12::jsonb, $13, $14, $15, $16, $17, $18::text[], $19, $20, $34, $21,
-         $22, $23, $24::text[], $25::jsonb, $27, $28, $29, $30, $31::jsonb, $32::jsonb, $33::jsonb, $35, $36, $26, $26)
+       SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12::jsonb, $13, $14, $15, $16, $17, $18::text[], $19, $20, $34, $21,
+         $22, $23, $24::text[], $25::jsonb, $27, $28, $29, $30, $31::jsonb, $32::jsonb, $33::jsonb, $35, $36, $26::timestamptz, $26::timestamptz
+       WHERE (SELECT count(*) FROM q) = $40
        RETURNING *),
      e AS (
        INSERT INTO instance_events (instance_id, tenant_id, pool_id, project_id, from_state, to_state, desired_state, reason, actor, version, at)
        SELECT i.id, i.tenant_id, i.pool_id, i.project_id, s.from_state, s.to_state, i.desired_state, s.reason, s.actor, s.version, $26
          FROM i, jsonb_to_recordset($37::jsonb) AS s(from_state text, to_state text, reason text, actor text, version int)
         ORDER BY s.version RETURNING id, version)
-     SELECT ${INSTANCE_COLUMNS}, (SELECT array_agg(id::text ORDER BY version) FROM e) AS "eventIds" FROM i`,
+     ${placed.allocationId ? `, span AS (${openSpanSql((k) => `$${41 + k}`, " JOIN i ON true")})` : ""}
+     SELECT ${INSTANCE_COLUMNS}, (SELECT array_agg(id::text ORDER BY version) FROM e) AS "eventIds",
+            (SELECT array_agg(resource) FROM q) AS raised
+       FROM (SELECT 1) one LEFT JOIN i ON true`,
     [
       id,
       caller.tenantId,
@@ -195,15 +211,18 @@ export async function admitInstance(w: Write, deps: AdmissionDeps, caller: Calle
       last.version,
       placed.converged?.specGeneration ?? 0,
       JSON.stringify(events),
+      resources,
+      amounts,
+      resources.length,
+      ...(placed.allocationId ? spanParams(w, placed.allocationId, owner) : []),
     ],
   );
-  const { eventIds, ...instance } = row as Instance & { eventIds: string[] };
+  if (!row?.eventIds) throw await quotaRefusal(sql, caller.tenantId, charge, row?.raised ?? []);
+  const { eventIds, raised: _, ...instance } = row as Instance & { eventIds: string[]; raised: unknown };
   for (const [k, e] of events.entries())
     w.event(eventMessage({ ...instance, state: e.to_state as Instance["state"], version: e.version }, e.from_state, eventIds[k] as string));
   // The node's spec now holds the instance: its agent hears once this commits.
   if (placed.converged && placed.nodeId) w.spec(placed.nodeId, placed.converged.specGeneration);
-  // Metering counts the allocation from now: a warm instance's is the operator's until a claim.
-  if (placed.allocationId) await openSpan(w, placed.allocationId, spanOwner(instance));
   if (opts.audit !== false)
     w.audit({
       targetId: id,

@@ -42,6 +42,9 @@ export async function tendPool(w: Write, deps: AdmissionDeps, t: SandboxTemplate
   let booted = 0;
   try {
     for (let n = current.length; n < t.warmTarget; n++) {
+      // A boot refused half-way (an address leased, then no node with room) must leave nothing behind, and
+      // this write goes on after the refusal: each boot gets a savepoint to fall back to.
+      await w.sql.query("SAVEPOINT warm_boot");
       await admitInstance(
         w,
         deps,
@@ -53,7 +56,11 @@ export async function tendPool(w: Write, deps: AdmissionDeps, t: SandboxTemplate
           desiredState: "paused",
           sandbox: { warmTemplate: { id: t.id, version: t.version }, env: envOf(t), networkPolicy: t.network },
         },
-      );
+      ).catch(async (e) => {
+        await w.sql.query("ROLLBACK TO SAVEPOINT warm_boot");
+        throw e;
+      });
+      await w.sql.query("RELEASE SAVEPOINT warm_boot");
       booted++;
     }
   } catch (e) {

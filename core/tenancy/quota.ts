@@ -16,36 +16,58 @@ export async function ensureUsageRows(sql: Sql, tenantId: string, resources: rea
   ]);
 }
 
-/**
- * Charge a tenant's quota in one guarded UPDATE: a row is only raised while it stays within its limit, and the
- * row locks serialise a tenant's concurrent creates (the WHERE is re-checked after a lock wait). Fewer rows
- * updated than asked means a limit was hit: the caller's transaction is aborted by the error.
- */
-export async function chargeQuota(sql: Sql, tenantId: string, charge: Charge): Promise<void> {
+/** The rows a charge raises, in resource order (the order a tenant's quota rows are locked in). */
+export function chargeRows(charge: Charge): { resources: string[]; amounts: number[] } {
   const resources = Object.keys(charge)
     .filter((r) => (charge[r] ?? 0) > 0)
     .sort();
+  return { resources, amounts: resources.map((r) => charge[r] as number) };
+}
+
+/** GPU models get their usage row on first use; the scalar resources have theirs already. */
+export const needsUsageRows = (resources: readonly string[]) => resources.some((r) => !(SCALAR_RESOURCES as readonly string[]).includes(r));
+
+/**
+ * The guarded UPDATE that charges: a row is only raised while it stays within its limit, and the row locks
+ * serialise a tenant's concurrent creates (the WHERE is re-checked after a lock wait). Returns the resources it
+ * raised; fewer than asked means a limit was hit. `tenant`, `resources`, `amounts` are the placeholders.
+ */
+export const chargeSql = (tenant: string, resources: string, amounts: string) => `UPDATE quota_usage u SET used = u.used + w.amount
+       FROM unnest(${resources}::text[], ${amounts}::bigint[]) AS w(resource, amount)
+      WHERE u.tenant_id = ${tenant} AND u.resource = w.resource
+        AND u.used + w.amount <= COALESCE((SELECT l."limit" FROM quota_limits l WHERE l.tenant_id = ${tenant} AND l.resource = w.resource), u.used + w.amount)
+      RETURNING u.resource`;
+
+/**
+ * Charge a tenant's quota in one guarded UPDATE (chargeSql). Fewer rows updated than asked means a limit was
+ * hit: the caller's transaction is aborted by the error.
+ */
+export async function chargeQuota(sql: Sql, tenantId: string, charge: Charge): Promise<void> {
+  const { resources, amounts } = chargeRows(charge);
   if (resources.length === 0) return;
-  if (resources.some((r) => !(SCALAR_RESOURCES as readonly string[]).includes(r))) await ensureUsageRows(sql, tenantId, resources);
-  const amounts = resources.map((r) => charge[r] as number);
-  const raised = await sql.query<{ resource: string }>(
-    `UPDATE quota_usage u SET used = u.used + w.amount
-       FROM unnest($2::text[], $3::bigint[]) AS w(resource, amount)
-      WHERE u.tenant_id = $1 AND u.resource = w.resource
-        AND u.used + w.amount <= COALESCE((SELECT l."limit" FROM quota_limits l WHERE l.tenant_id = $1 AND l.resource = w.resource), u.used + w.amount)
-      RETURNING u.resource`,
-    [tenantId, resources, amounts],
-  );
-  if (raised.length === resources.length) return;
-  const over = resources.find((r) => !raised.some((x) => x.resource === r)) as string;
+  if (needsUsageRows(resources)) await ensureUsageRows(sql, tenantId, resources);
+  const raised = await sql.query<{ resource: string }>(chargeSql("$1", "$2", "$3"), [tenantId, resources, amounts]);
+  if (raised.length < resources.length)
+    throw await quotaRefusal(
+      sql,
+      tenantId,
+      charge,
+      raised.map((r) => r.resource),
+    );
+}
+
+/** Why a charge that raised only `raised` of its rows was refused: the first resource over its limit. */
+export async function quotaRefusal(sql: Sql, tenantId: string, charge: Charge, raised: readonly string[]): Promise<Error> {
+  const { resources } = chargeRows(charge);
+  const over = resources.find((r) => !raised.includes(r)) as string;
   const [row] = await sql.query<{ limit: string | null; used: string | null }>(
     `SELECT (SELECT "limit"::text FROM quota_limits WHERE tenant_id = $1 AND resource = $2) AS "limit",
             (SELECT used::text FROM quota_usage WHERE tenant_id = $1 AND resource = $2) AS used`,
     [tenantId, over],
   );
-  if (row?.limit == null) throw new Error(`quota usage row for ${over} of tenant ${tenantId} is missing`);
+  if (row?.limit == null) return new Error(`quota usage row for ${over} of tenant ${tenantId} is missing`);
   const asked = charge[over] as number;
-  throw new AppError("QUOTA_EXCEEDED", `quota ${over} exceeded: limit ${row.limit}, in use ${row.used}, asked ${asked}`, {
+  return new AppError("QUOTA_EXCEEDED", `quota ${over} exceeded: limit ${row.limit}, in use ${row.used}, asked ${asked}`, {
     resource: over,
     limit: Number(row.limit),
     used: Number(row.used),

@@ -61,6 +61,9 @@ export const hostedDriver: PoolDriver = {
   async admit(w, req, deps) {
     const image = await deps.images.resolve(w.sql, req.tenantId, req.imageId);
     if (!image) throw notFound("image", req.imageId);
+    // The address first: its rows are skipped when locked, never waited for, so it holds no one up; the node's
+    // row, which creates queue on, is claimed as late as admission can.
+    const address = await leaseAddress(w.sql, req.pool.id, req.instanceId, w.now);
     const placement = await place(w.sql, w.ids, {
       poolId: req.pool.id,
       tenantId: req.tenantId,
@@ -70,7 +73,6 @@ export const hostedDriver: PoolDriver = {
       ...(req.onlyNodeId ? { onlyNodeId: req.onlyNodeId } : {}),
       bumpSpec: true,
     });
-    const address = await leaseAddress(w.sql, req.pool.id, req.instanceId, w.now);
     // Placed on a ready node: what the reconciler would do next needs no host, so the create does it.
     const steps = stepsWithoutHost({
       state: "pending",

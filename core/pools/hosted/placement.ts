@@ -49,8 +49,8 @@ const claim = (bumpSpec: boolean | undefined) => `UPDATE nodes n SET alloc_vcpus
  * Claims are guarded UPDATEs of the node's counters: PostgreSQL re-evaluates the WHERE on the latest row
  * version after a lock wait, so concurrent creates can never push a node past its capacity (a CHECK
  * constraint backs this up). Nodes another create holds are skipped first (SKIP LOCKED) so creates spread
- * instead of queueing on one row, then waited for, so a node that still fits is never reported full. GPUs are
- * rows, claimed while the node's row lock is held: whole, never shared. Policy: best fit (the fullest node that
+ * instead of queueing on one row, then waited for (one at random, so waiters spread too), so a node that still
+ * fits is never reported full. GPUs are rows, claimed while the node's row lock is held: whole, never shared. Policy: best fit (the fullest node that
  * fits), and nodes whose GPUs the request does not use come last, so GPU hosts stay free for GPU work.
  */
 export async function place(sql: Sql, ids: IdSource, req: PlaceRequest): Promise<Placement> {
@@ -72,6 +72,19 @@ export async function place(sql: Sql, ids: IdSource, req: PlaceRequest): Promise
       [...base, allocationId, req.instanceId],
     );
     if (fast) return { nodeId: fast.node_id, allocationId, specGeneration: fast.generation, gpus: [] };
+    // Every node that fits is held by another create at this instant: wait for one, picked at random so the
+    // waiters spread over the nodes instead of queueing on one. The lock re-checks the fit on the row as it is
+    // once free and moves on to the next node if it no longer fits; none left means none fits.
+    const [waited] = await sql.query<{ node_id: string; generation: number }>(
+      `WITH pick AS (SELECT n.id FROM nodes n WHERE ${FITS} ORDER BY random() LIMIT 1 FOR UPDATE),
+       claimed AS (${claim(req.bumpSpec)} FROM pick WHERE n.id = pick.id AND ${FITS} RETURNING n.id, n.spec_generation),
+       made AS (INSERT INTO allocations (id, node_id, instance_id, tenant_id, vcpus, memory_mib, disk_gib)
+         SELECT $9, claimed.id, $10, $6, $2, $3, $4 FROM claimed RETURNING node_id)
+       SELECT made.node_id, claimed.spec_generation AS generation FROM made JOIN claimed ON claimed.id = made.node_id`,
+      [...base, allocationId, req.instanceId],
+    );
+    if (waited) return { nodeId: waited.node_id, allocationId, specGeneration: waited.generation, gpus: [] };
+    throw await unschedulable(sql, req);
   }
 
   const candidates = await sql.query<{ id: string }>(
