@@ -26,7 +26,7 @@ export type { CommandJournal };
 
 const DAY_MS = 24 * 60 * 60 * 1000;
 type ExecCommand = Extract<HostCommand, { kind: "instance.exec" }>;
-type ResumeCommand = Extract<HostCommand, { kind: "instance.resume" }>;
+type PowerCommand = Extract<HostCommand, { kind: "instance.resume" | "instance.pause" }>;
 type Outcome = Pick<CommandJournal, "state" | "result" | "error">;
 /** Why an exec found running in a journal at start is not run again: its output so far is lost. */
 export const EXEC_INTERRUPTED = "the agent restarted while the command ran";
@@ -151,7 +151,7 @@ export class CommandRunner {
   }
 
   private async handle(cmd: HostCommand): Promise<void> {
-    if (cmd.kind === "instance.resume") return this.resume(cmd);
+    if (cmd.kind === "instance.resume" || cmd.kind === "instance.pause") return this.power(cmd);
     const known = await this.journal.read(cmd.id);
     if (known && known.state !== "running") return this.deliver(finalReport(known));
     // Running in the journal but not in this process: an earlier one died in it.
@@ -177,18 +177,19 @@ export class CommandRunner {
   }
 
   /**
-   * A resume, which a warm claim waits on, takes the shortest path: no journal and no acknowledgement, since
-   * running it twice is harmless (the runtime's resume is idempotent, and the server sends an unfinished one
-   * again after a restart) and it is over before either would arrive. Its instance is taken at once, before
-   * anything is awaited, so the spec change that comes with a claim finds it held and the converger leaves it
-   * to this command instead of listing the host's domains ahead of it.
+   * A resume (which a warm claim waits on) or a pause takes the shortest path: no journal and no
+   * acknowledgement, since running it twice is harmless (the runtime's pause and resume are idempotent, and the
+   * server sends an unfinished one again after a restart) and it is over before either would arrive. Its
+   * instance is taken at once, before anything is awaited, so the spec change that comes with it finds it held
+   * and the converger leaves it to this command instead of listing the host's domains ahead of it.
    */
-  private async resume(cmd: ResumeCommand): Promise<void> {
+  private async power(cmd: PowerCommand): Promise<void> {
     const lease = await this.o.locks.acquire(cmd.args.instanceId);
     let outcome: Outcome;
     try {
       if (this.now() > Date.parse(cmd.deadline)) throw new Error(`not started: received after its deadline ${cmd.deadline}`);
-      await this.o.runtime.resume(cmd.args.instanceId);
+      if (cmd.kind === "instance.pause") await this.o.runtime.pause(cmd.args.instanceId);
+      else await this.o.runtime.resume(cmd.args.instanceId);
       outcome = { state: "succeeded", result: {}, error: null };
     } catch (e) {
       outcome = { state: "failed", result: null, error: messageOf(e) };
@@ -209,7 +210,7 @@ export class CommandRunner {
     let outcome: Outcome;
     try {
       // Reports show a snapshotted or restored domain as it was when the command began.
-      if (command.kind !== "instance.resume") {
+      if (command.kind !== "instance.resume" && command.kind !== "instance.pause") {
         const before = (await this.o.runtime.list()).find((d) => d.id === command.args.instanceId);
         if (before) lease.pin(before);
       }
@@ -282,6 +283,9 @@ export class CommandRunner {
         return {};
       case "instance.resume":
         await this.o.runtime.resume(cmd.args.instanceId);
+        return {};
+      case "instance.pause":
+        await this.o.runtime.pause(cmd.args.instanceId);
         return {};
     }
   }

@@ -82,41 +82,44 @@ async function once(n: number) {
 
 /**
  * Create → RUNNING as a client sees it: the create request sent, then its instance's RUNNING event arriving on
- * an `instanceEvents` subscription. One create at a time, so each measures the path, not a queue.
+ * an `instanceEvents` subscription. One create at a time, each deleted before the next, so each meets an idle
+ * platform and a host holding nothing: the path, not a queue or a host's growing spec.
  */
 async function latency(n: number) {
   const { api, close } = await platformWithHosts();
   const waiting = new Map<string, (at: number) => void>();
-  // An event may beat the create's own response home: keep it for the wait that follows.
+  // An event may beat the request's own response home: keep it for the wait that follows.
   const arrived = new Map<string, number>();
   const stop = new AbortController();
   const { instanceEventsCursor: after } = await api.tenant.request(bc.InstanceEventsCursorDocument);
   const events = (async () => {
-    for await (const e of bc.watchInstanceEvents({ url: api.url, token: api.tenantToken, after, signal: stop.signal }))
-      if (e.toState === "RUNNING") {
-        const now = performance.now();
-        const wake = waiting.get(e.instance.id);
-        if (wake) wake(now);
-        else arrived.set(e.instance.id, now);
-      }
+    for await (const e of bc.watchInstanceEvents({ url: api.url, token: api.tenantToken, after, signal: stop.signal })) {
+      if (e.toState !== "RUNNING" && e.toState !== "DELETED") continue;
+      const key = `${e.toState} ${e.instance.id}`;
+      const wake = waiting.get(key);
+      if (wake) wake(performance.now());
+      else arrived.set(key, performance.now());
+    }
   })();
+  const reached = (key: string) =>
+    arrived.get(key) ??
+    new Promise<number>((resolve, reject) => {
+      const t = setTimeout(() => reject(new Error(`${key} not seen within 10 s`)), 10_000);
+      waiting.set(key, (when) => {
+        clearTimeout(t);
+        waiting.delete(key);
+        resolve(when);
+      });
+    });
   const times: number[] = [];
   for (let k = 0; k < n; k++) {
     const start = performance.now();
     const { createInstance: inst } = await api.tenant.request(bc.CreateInstanceDocument, {
       input: { poolId: api.poolId, flavor: "tiny", imageId: api.imageId, idempotencyKey: `l${k}` },
     });
-    const at =
-      arrived.get(inst.id) ??
-      (await new Promise<number>((resolve, reject) => {
-        const t = setTimeout(() => reject(new Error(`${inst.id} not RUNNING within 10 s`)), 10_000);
-        waiting.set(inst.id, (when) => {
-          clearTimeout(t);
-          resolve(when);
-        });
-      }));
-    waiting.delete(inst.id);
-    times.push(at - start);
+    times.push((await reached(`RUNNING ${inst.id}`)) - start);
+    await api.tenant.request(bc.DeleteInstanceDocument, { id: inst.id });
+    await reached(`DELETED ${inst.id}`);
   }
   stop.abort();
   await events.catch(() => {});

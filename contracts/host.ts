@@ -121,7 +121,7 @@ export function macFor(instanceId: string, hash: (s: string) => string): string 
  * Commands arrive on the same websocket as the spec; the host answers with CommandReports (`running` when
  * it takes the command, then `succeeded` or `failed`), and the server's reconciler settles the result.
  */
-export const hostCommandKinds = ["instance.snapshot", "instance.restore", "instance.exec", "instance.resume"] as const;
+export const hostCommandKinds = ["instance.snapshot", "instance.restore", "instance.exec", "instance.resume", "instance.pause"] as const;
 export type HostCommandKind = (typeof hostCommandKinds)[number];
 
 const commandBase = {
@@ -164,10 +164,12 @@ export const hostCommand = z.discriminatedUnion("kind", [
    */
   z.object({ ...commandBase, kind: z.literal("instance.exec"), args: execRequest }),
   /**
-   * Resume a paused instance now (a warm sandbox just claimed): straight to the host, ahead of the spec that
-   * also says so, so the claim does not wait for a converge pass.
+   * Resume a paused instance now (a warm sandbox just claimed, or a resume asked for): straight to the host,
+   * ahead of the spec that also says so, so it does not wait for a converge pass and a report.
    */
   z.object({ ...commandBase, kind: z.literal("instance.resume"), args: z.object({ instanceId: z.string().regex(/^inst_[a-z2-7]{52}$/) }) }),
+  /** Pause a running instance now, the same way. */
+  z.object({ ...commandBase, kind: z.literal("instance.pause"), args: z.object({ instanceId: z.string().regex(/^inst_[a-z2-7]{52}$/) }) }),
 ]);
 export type HostCommand = z.infer<typeof hostCommand>;
 

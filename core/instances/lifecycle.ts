@@ -4,6 +4,7 @@ import { flavorByName } from "../catalog/flavors.ts";
 import { chargeOf, gpuCount, type Shape, shape as shapeSchema } from "../catalog/shapes.ts";
 import { parseInput } from "../kernel/validation.ts";
 import type { Write } from "../kernel/write.ts";
+import { enqueueCommand } from "../pools/hosted/commands.ts";
 import { requirePool } from "../pools/pools.ts";
 import { requireCapability } from "../pools/registry.ts";
 import { chargeQuota, releaseQuota } from "../tenancy/quota.ts";
@@ -32,6 +33,9 @@ function notSandboxed(inst: Instance): Instance {
  * start / stop / pause / delete. Asking again for what is already asked changes nothing, except on an instance
  * in error: there, asking for it to run (or be paused) is a retry (error → starting), however often it fails.
  */
+/** How long a pause or resume command may wait to be taken: past it the spec, which says the same, will do. */
+const POWER_COMMAND_MS = 60_000;
+
 export async function setDesiredState(w: Write, who: Principal, id: string, desired: DesiredState): Promise<Instance> {
   const inst = notSandboxed(await lockInstance(w, who, id));
   const retry = inst.state === "error" && (desired === "running" || desired === "paused") && inst.desiredState !== "deleted";
@@ -43,7 +47,17 @@ export async function setDesiredState(w: Write, who: Principal, id: string, desi
   // Pausing keeps the guest's memory on a host of ours; not every pool class has such a verb.
   if (desired === "paused") requireCapability(await requirePool(w.sql, inst.poolId), "pause", "pausing an instance");
   w.audit({ targetId: inst.id, tenantId: inst.tenantId, details: retry ? { desired, retry: true } : { desired } });
-  if (!retry) return writeChange(w, inst, { desired_state: desired }, `requested:${desired}`);
+  if (!retry) {
+    const changed = await writeChange(w, inst, { desired_state: desired }, `requested:${desired}`);
+    // Pausing and resuming also go to the host as commands, confirmed by its answer (snapshots.ts settles it),
+    // instead of waiting for a converge pass over the node's spec and the report after it; the spec says the
+    // same, so a lost command only delays.
+    const power =
+      desired === "paused" && inst.state === "running" ? "instance.pause" : desired === "running" && inst.state === "paused" ? "instance.resume" : null;
+    if (power && inst.nodeId)
+      await enqueueCommand(w, { nodeId: inst.nodeId, instanceId: inst.id, kind: power, args: { instanceId: inst.id }, timeoutMs: POWER_COMMAND_MS });
+    return changed;
+  }
   return writeChange(w, inst, { desired_state: desired, retry_requested: true }, inst.desiredState === desired ? "requested:retry" : `requested:${desired}`);
 }
 

@@ -117,7 +117,13 @@ export async function settleCommands(w: Write, inst: Instance): Promise<Instance
     // spec, which asks for the same and is converged and reported as usual.
     if (c.kind === "instance.resume") {
       const ok = c.state === "succeeded";
-      if (ok && inst.state === "paused" && inst.desiredState === "running") return writeChange(w, inst, { state: "running" }, "resumed");
+      if (ok && inst.state === "paused" && inst.desiredState === "running") return writeChange(w, inst, { state: "running" }, "host:resumed");
+      continue;
+    }
+    // A pause the host did, the same way.
+    if (c.kind === "instance.pause") {
+      const ok = c.state === "succeeded";
+      if (ok && inst.state === "running" && inst.desiredState === "paused") return writeChange(w, inst, { state: "paused" }, "host:paused");
       continue;
     }
     const outcome: Outcome = expired ? { ok: false, error: `the host did not finish ${c.kind} before its deadline` } : outcomeOf(c);

@@ -73,6 +73,15 @@ describe("instances converge on simulated hosts", () => {
     expect(JSON.parse(readFileSync(domainFile(host, inst.id), "utf8")).state).toBe("paused");
     await t.client.request(StartInstanceDocument, { id: inst.id });
     await waitForState(t.client, inst.id, "RUNNING");
+    // Both went to the host as commands and were confirmed by its answers, not only by the spec after them.
+    const commands = async () =>
+      hosts.h.platform.read((sql) =>
+        sql.query<{ kind: string; state: string }>(`SELECT kind, state FROM host_commands WHERE instance_id = $1 ORDER BY created_at, id`, [inst.id]),
+      );
+    await expect.poll(commands, { timeout: 10_000, interval: 50 }).toEqual([
+      { kind: "instance.pause", state: "succeeded" },
+      { kind: "instance.resume", state: "succeeded" },
+    ]);
     await t.client.request(DeleteInstanceDocument, { id: inst.id });
     const gone = await waitForState(t.client, inst.id, "DELETED");
     expect(gone).toMatchObject({ allocationId: null, addresses: [] });

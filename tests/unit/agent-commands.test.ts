@@ -249,6 +249,21 @@ describe("host commands", () => {
     expect(finals(sent)[2]).toMatchObject({ id: "cmd_late", state: "failed", error: expect.stringContaining("deadline") });
   });
 
+  it("pauses at once the same way, ahead of the spec that says so", async () => {
+    const rt = await host({ delays: { pause: 200 } });
+    const locks = new InstanceLocks();
+    const converger = new Converger(rt, () => {}, locks);
+    const { r, sent } = runner(rt, { locks });
+    const pausing = r.receive({ id: "cmd_pause", kind: "instance.pause", deadline: new Date(Date.now() + hour).toISOString(), args: { instanceId: A } });
+    const asked: NodeSpec = { nodeId: "node_x", generation: 4, runtime: "fake", instances: [spec(A, "paused"), spec(B)], remove: [] };
+    expect(await converger.converge(asked)).toEqual({ skipped: [A] });
+    await pausing;
+    expect(await stateOf(rt, A)).toBe("paused");
+    await until("the final report", () => finals(sent).length === 1);
+    expect(sent).toEqual([{ id: "cmd_pause", state: "succeeded", result: {}, error: null }]);
+    expect(existsSync(join(root, "commands", "cmd_pause.json"))).toBe(false);
+  });
+
   it("retries a report the server fails or never answers until it is taken, without holding up another command", async () => {
     const rt = await host();
     let attempts = 0;
