@@ -27,9 +27,10 @@ export interface Hosts {
 }
 
 /** A platform with a worker and `count` simulated hosts (fake runtime, in this process) in one hosted pool. */
-export async function startHosts(count: number, env: Record<string, string> = {}, opts: { now?: () => Date } = {}): Promise<Hosts> {
+export async function startHosts(count: number, env: Record<string, string> = {}, opts: { now?: () => Date; worker?: boolean } = {}): Promise<Hosts> {
   const h = await startHarness({ ...hostEnv, ...env }, opts);
-  const worker = await startWorker(h.platform);
+  // Without a worker, only what the server itself does moves instances (the passes it takes on host reports).
+  const worker = opts.worker === false ? null : await startWorker(h.platform);
   const { createPool } = await h.operator.request(CreatePoolDocument, { input: { name: "sim", class: "VPS_HOST", ipv4Range: "10.60.0.0/22" } });
   for (const f of [
     { name: "small", vcpus: 1, memoryMib: 1024, diskGib: 10 },
@@ -65,7 +66,7 @@ export async function startHosts(count: number, env: Record<string, string> = {}
     },
     async close() {
       for (let i = 0; i < agents.length; i++) await hosts.stop(i);
-      await worker.close();
+      await worker?.close();
       await h.close();
       rmSync(root, { recursive: true, force: true });
     },
