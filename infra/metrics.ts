@@ -1,17 +1,10 @@
 import { Counter, collectDefaultMetrics, Gauge, Registry } from "prom-client";
 import type { Jobs } from "./jobs.ts";
 
-/**
- * The process's own figures, one registry per platform: the server's `/metrics` and the worker's (its own port
- * when it runs alone) both show it, so in `bc dev` one scrape sees the API, the write path and the jobs together.
- * Process figures (memory, event loop), what this process's writes did, and each job's queue depth.
- */
-export function platformMetrics(counts: { readonly writes: number; readonly eventsPublished: number; readonly retries: number }, jobs: Jobs): Registry {
-  const registry = new Registry();
-  const registers = [registry];
-  collectDefaultMetrics({ register: registry });
-  /** A counter whose value lives in `counts`: set to it at each scrape. */
-  const mirror = (name: string, help: string, value: () => number) =>
+/** A counter whose value lives elsewhere (the hub, the platform's counts): set to it at each scrape. */
+export const mirrorCounter =
+  (registers: Registry[]) =>
+  (name: string, help: string, value: () => number): Counter =>
     new Counter({
       name,
       help,
@@ -21,6 +14,17 @@ export function platformMetrics(counts: { readonly writes: number; readonly even
         this.inc(value());
       },
     });
+
+/**
+ * The process's own figures, one registry per platform: the server's `/metrics` and the worker's (its own port
+ * when it runs alone) both show it, so in `bc dev` one scrape sees the API, the write path and the jobs together.
+ * Process figures (memory, event loop), what this process's writes did, and each job's queue depth.
+ */
+export function platformMetrics(counts: { readonly writes: number; readonly eventsPublished: number; readonly retries: number }, jobs: Jobs): Registry {
+  const registry = new Registry();
+  const registers = [registry];
+  collectDefaultMetrics({ register: registry });
+  const mirror = mirrorCounter(registers);
   mirror("bc_events_published_total", "Instance events this process's writes published.", () => counts.eventsPublished);
   mirror("bc_writes_total", "Transactions this process's write path committed.", () => counts.writes);
   mirror("bc_write_retries_total", "Writes run again after a deadlock or serialisation failure.", () => counts.retries);

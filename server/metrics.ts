@@ -1,6 +1,7 @@
 import type { DocumentNode, OperationDefinitionNode } from "graphql";
 import type { Plugin } from "graphql-yoga";
 import { Counter, Gauge, Histogram, Registry } from "prom-client";
+import { mirrorCounter } from "../infra/metrics.ts";
 import type { Platform } from "../infra/platform.ts";
 import type { LiveHub } from "./live/hub.ts";
 
@@ -27,17 +28,7 @@ export function serverMetrics(platform: Platform, hub: LiveHub, liveOperations: 
     buckets: [0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5],
     registers,
   });
-  /** A counter whose value lives elsewhere (the hub, the platform): set to it at each scrape. */
-  const mirror = (name: string, help: string, value: () => number) =>
-    new Counter({
-      name,
-      help,
-      registers,
-      collect() {
-        this.reset();
-        this.inc(value());
-      },
-    });
+  const mirror = mirrorCounter(registers);
   const gauge = (name: string, help: string, value: () => number) =>
     new Gauge({
       name,

@@ -43,6 +43,13 @@ const claim = (bumpSpec: boolean | undefined) => `UPDATE nodes n SET alloc_vcpus
     alloc_disk_gib = alloc_disk_gib + $4, alloc_instances = alloc_instances + 1,
     dedicated_tenant_id = CASE WHEN $5::boolean THEN $6 ELSE dedicated_tenant_id END${bumpSpec ? ", spec_generation = spec_generation + 1" : ""}`;
 
+/** One statement: lock the node `pick` selects, claim its counters (re-checking the fit), record the allocation ($9, for instance $10). */
+const claimOne = (pick: string, bumpSpec: boolean | undefined) => `WITH pick AS (${pick}),
+       claimed AS (${claim(bumpSpec)} FROM pick WHERE n.id = pick.id AND ${FITS} RETURNING n.id, n.spec_generation),
+       made AS (INSERT INTO allocations (id, node_id, instance_id, tenant_id, vcpus, memory_mib, disk_gib)
+         SELECT $9, claimed.id, $10, $6, $2, $3, $4 FROM claimed RETURNING node_id)
+       SELECT made.node_id, claimed.spec_generation AS generation FROM made JOIN claimed ON claimed.id = made.node_id`;
+
 /**
  * Place an instance on one node of the pool, inside the caller's transaction.
  *
@@ -61,14 +68,12 @@ export async function place(sql: Sql, ids: IdSource, req: PlaceRequest): Promise
   if (s.gpus.length === 0) {
     // The common case in one statement: pick, lock, claim and record the allocation.
     const [fast] = await sql.query<{ node_id: string; generation: number }>(
-      `WITH pick AS (
-         SELECT n.id FROM nodes n WHERE ${FITS}
+      claimOne(
+        `SELECT n.id FROM nodes n WHERE ${FITS}
           ORDER BY (SELECT count(*) FROM node_gpus g WHERE g.node_id = n.id AND g.allocation_id IS NULL), n.cap_memory_mib - n.alloc_memory_mib, n.id
-          LIMIT 1 FOR UPDATE SKIP LOCKED),
-       claimed AS (${claim(req.bumpSpec)} FROM pick WHERE n.id = pick.id AND ${FITS} RETURNING n.id, n.spec_generation),
-       made AS (INSERT INTO allocations (id, node_id, instance_id, tenant_id, vcpus, memory_mib, disk_gib)
-         SELECT $9, claimed.id, $10, $6, $2, $3, $4 FROM claimed RETURNING node_id)
-       SELECT made.node_id, claimed.spec_generation AS generation FROM made JOIN claimed ON claimed.id = made.node_id`,
+          LIMIT 1 FOR UPDATE SKIP LOCKED`,
+        req.bumpSpec,
+      ),
       [...base, allocationId, req.instanceId],
     );
     if (fast) return { nodeId: fast.node_id, allocationId, specGeneration: fast.generation, gpus: [] };
@@ -76,11 +81,7 @@ export async function place(sql: Sql, ids: IdSource, req: PlaceRequest): Promise
     // waiters spread over the nodes instead of queueing on one. The lock re-checks the fit on the row as it is
     // once free and moves on to the next node if it no longer fits; none left means none fits.
     const [waited] = await sql.query<{ node_id: string; generation: number }>(
-      `WITH pick AS (SELECT n.id FROM nodes n WHERE ${FITS} ORDER BY random() LIMIT 1 FOR UPDATE),
-       claimed AS (${claim(req.bumpSpec)} FROM pick WHERE n.id = pick.id AND ${FITS} RETURNING n.id, n.spec_generation),
-       made AS (INSERT INTO allocations (id, node_id, instance_id, tenant_id, vcpus, memory_mib, disk_gib)
-         SELECT $9, claimed.id, $10, $6, $2, $3, $4 FROM claimed RETURNING node_id)
-       SELECT made.node_id, claimed.spec_generation AS generation FROM made JOIN claimed ON claimed.id = made.node_id`,
+      claimOne(`SELECT n.id FROM nodes n WHERE ${FITS} ORDER BY random() LIMIT 1 FOR UPDATE`, req.bumpSpec),
       [...base, allocationId, req.instanceId],
     );
     if (waited) return { nodeId: waited.node_id, allocationId, specGeneration: waited.generation, gpus: [] };
