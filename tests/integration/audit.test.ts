@@ -92,7 +92,7 @@ async function runEveryMutation() {
   await me("pauseInstance", bc.PauseInstanceDocument, { id: vm.id });
 
   const { snapshotInstance: snap } = await op("snapshotInstance", bc.SnapshotInstanceDocument, { id: vm.id });
-  const { nodeCommands } = await firstCommand(joined.credential);
+  const { nodeCommands } = await firstCommand(joined.credential, "instance.snapshot");
   const command = nodeCommands.command as { id: string };
   await host("reportCommand", bc.ReportCommandDocument, { report: { id: command.id, state: "succeeded", result: { sizeBytes: 1234 } } });
   await h.platform.write({ actor: "reconciler" }, (w) => reconcileOnce(w, h.platform.drivers, vm.id));
@@ -136,11 +136,12 @@ async function runEveryMutation() {
 }
 
 /** The first command on a node's command stream. */
-async function firstCommand(credential: string) {
+/** The first command of `kind` on the node's stream (a pause, say, may come before the snapshot asked for). */
+async function firstCommand(credential: string, kind: string) {
   const ws = await bc.createWsClient({ url: h.url, token: credential, retryAttempts: 0 });
   try {
-    for await (const payload of ws.subscribe(bc.NodeCommandsDocument)) return payload;
-    throw new Error("the command stream ended without a command");
+    for await (const payload of ws.subscribe(bc.NodeCommandsDocument)) if ((payload.nodeCommands.command as { kind?: string }).kind === kind) return payload;
+    throw new Error(`the command stream ended without a ${kind} command`);
   } finally {
     await ws.dispose();
   }
