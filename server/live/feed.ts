@@ -50,12 +50,26 @@ export class EventFeed {
     const hints = platform.bus.subscribe("instanceEvents");
     feed.hints = hints;
     feed.listening = (async () => {
-      for await (const _ of hints) feed.poke();
+      for await (const m of hints) feed.hint((m as { cursor?: unknown }).cursor);
     })().catch((e) => platform.log.warn("event feed lost its pub/sub subscription", { err: String(e) }));
     feed.head = await platform.read(headPosition);
     feed.timer = setInterval(() => feed.poke(), platform.config.live.pollMs);
     feed.timer.unref();
     return feed;
+  }
+
+  /**
+   * A committed event's bus message. With nobody listening and no read under way, the head just moves to its
+   * position (positions follow commit order, so everything below it has committed): no read per event for a
+   * server without subscribers. Otherwise, read.
+   */
+  hint(cursor: unknown): void {
+    if (this.sinks.size === 0 && !this.draining && typeof cursor === "string" && /^\d{1,19}$/.test(cursor)) {
+      const at = BigInt(cursor);
+      if (at > this.head) this.head = at;
+      return;
+    }
+    this.poke();
   }
 
   /** Read what committed since the head, now or right after the read in progress. */
