@@ -57,7 +57,8 @@ export async function reconcileNews(
   write: (fn: (w: Write) => Promise<Instance | null>) => Promise<Instance | null>,
   deps: DriverDeps,
   instanceIds: readonly string[],
+  onError: (instanceId: string, e: unknown) => void,
 ): Promise<void> {
   if (instanceIds.length > INLINE_PASSES) return;
-  for (const id of instanceIds) await write((w) => reconcilePass(w, deps, id)).catch(() => null);
+  for (const id of instanceIds) await write((w) => reconcilePass(w, deps, id)).catch((e) => onError(id, e));
 }

@@ -79,7 +79,12 @@ builder.mutationFields((t) => ({
       const parsed = parseInput(statusReport, report, "report");
       const ack = await mutate(ctx, info, (w) => recordReport(w, nodeId, parsed));
       // The news is here: its reconcile passes need no trip through the job queue (they stay queued as a backstop).
-      await reconcileNews((fn) => ctx.platform.write({ actor: "reconciler", requestId: ctx.requestId }, fn), ctx.platform.drivers, ack.woken);
+      await reconcileNews(
+        (fn) => ctx.platform.write({ actor: "reconciler", requestId: ctx.requestId }, fn),
+        ctx.platform.drivers,
+        ack.woken,
+        (id, e) => ctx.log.warn("a report's reconcile pass failed; its job will retry", { instanceId: id, err: String(e) }),
+      );
       return ack;
     },
   }),
