@@ -1,8 +1,9 @@
-import type { DocumentNode, OperationDefinitionNode } from "graphql";
+import type { DocumentNode } from "graphql";
 import type { Plugin } from "graphql-yoga";
 import { Counter, Gauge, Histogram, Registry } from "prom-client";
 import { mirrorCounter } from "../infra/metrics.ts";
 import type { Platform } from "../infra/platform.ts";
+import { operationOf } from "./access.ts";
 import type { LiveHub } from "./live/hub.ts";
 
 /**
@@ -86,9 +87,7 @@ export function serverMetrics(platform: Platform, hub: LiveHub, liveOperations: 
   /** Counts and times each query and mutation (subscriptions are the live gauges' business). */
   const plugin: Plugin = {
     onExecute: ({ args }) => {
-      const op = (args.document as DocumentNode).definitions.find((d): d is OperationDefinitionNode => d.kind === "OperationDefinition");
-      const type = op?.operation ?? "query";
-      const operation = args.operationName ?? op?.name?.value ?? "anonymous";
+      const { name: operation, type } = operationOf(args.document as DocumentNode, args.operationName) ?? { name: "anonymous", type: "query" };
       const stop = latency.startTimer({ operation, type });
       return {
         onExecuteDone: ({ result }) => {

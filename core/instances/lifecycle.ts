@@ -4,7 +4,7 @@ import { flavorByName } from "../catalog/flavors.ts";
 import { chargeOf, gpuCount, type Shape, shape as shapeSchema } from "../catalog/shapes.ts";
 import { parseInput } from "../kernel/validation.ts";
 import type { Write } from "../kernel/write.ts";
-import { enqueueCommand } from "../pools/hosted/commands.ts";
+import { enqueueCommand, POWER_COMMAND_MS } from "../pools/hosted/commands.ts";
 import { requirePool } from "../pools/pools.ts";
 import { requireCapability } from "../pools/registry.ts";
 import { chargeQuota, releaseQuota } from "../tenancy/quota.ts";
@@ -33,9 +33,6 @@ function notSandboxed(inst: Instance): Instance {
  * start / stop / pause / delete. Asking again for what is already asked changes nothing, except on an instance
  * in error: there, asking for it to run (or be paused) is a retry (error → starting), however often it fails.
  */
-/** How long a pause or resume command may wait to be taken: past it the spec, which says the same, will do. */
-const POWER_COMMAND_MS = 60_000;
-
 export async function setDesiredState(w: Write, who: Principal, id: string, desired: DesiredState): Promise<Instance> {
   const inst = notSandboxed(await lockInstance(w, who, id));
   const retry = inst.state === "error" && (desired === "running" || desired === "paused") && inst.desiredState !== "deleted";

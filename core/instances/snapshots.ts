@@ -100,6 +100,12 @@ async function request(w: Write, inst: Instance & { nodeId: string }, kind: Host
  * instance that is gone, unfinished commands are cancelled and its snapshots go with it (their files were
  * removed with the domain). Returns the instance when it changed.
  */
+/** What a pause or resume command that succeeded moves, with the reason a host report would give. */
+const POWER_MOVES: Partial<Record<HostCommandKind, { from: "running" | "paused"; to: "running" | "paused"; reason: string }>> = {
+  "instance.resume": { from: "paused", to: "running", reason: "host:resumed" },
+  "instance.pause": { from: "running", to: "paused", reason: "host:paused" },
+};
+
 export async function settleCommands(w: Write, inst: Instance): Promise<Instance | null> {
   const pending = await unsettledCommands(w, inst.id);
   if (inst.state === "deleted") {
@@ -113,17 +119,12 @@ export async function settleCommands(w: Write, inst: Instance): Promise<Instance
     await settleCommand(w, c.id, expired ? "expired" : undefined);
     // An exec changes nothing of the instance: its watchers have its output and its end.
     if (c.kind === "instance.exec") continue;
-    // A resume the host did: the instance runs (its next report says so too). One that failed is left to the
-    // spec, which asks for the same and is converged and reported as usual.
-    if (c.kind === "instance.resume") {
+    // A pause or resume the host did: the instance is where it was asked to be (its next report says so too).
+    // One that failed is left to the spec, which asks for the same and is converged and reported as usual.
+    const power = POWER_MOVES[c.kind];
+    if (power) {
       const ok = c.state === "succeeded";
-      if (ok && inst.state === "paused" && inst.desiredState === "running") return writeChange(w, inst, { state: "running" }, "host:resumed");
-      continue;
-    }
-    // A pause the host did, the same way.
-    if (c.kind === "instance.pause") {
-      const ok = c.state === "succeeded";
-      if (ok && inst.state === "running" && inst.desiredState === "paused") return writeChange(w, inst, { state: "paused" }, "host:paused");
+      if (ok && inst.state === power.from && inst.desiredState === power.to) return writeChange(w, inst, { state: power.to }, power.reason);
       continue;
     }
     const outcome: Outcome = expired ? { ok: false, error: `the host did not finish ${c.kind} before its deadline` } : outcomeOf(c);

@@ -11,7 +11,7 @@ import { one, type Sql } from "../kernel/db.ts";
 import { derivedId } from "../kernel/ids.ts";
 import { idempotencyKey, parseInput } from "../kernel/validation.ts";
 import type { Write } from "../kernel/write.ts";
-import { enqueueCommand } from "../pools/hosted/commands.ts";
+import { enqueueCommand, POWER_COMMAND_MS } from "../pools/hosted/commands.ts";
 import { chargeQuota } from "../tenancy/quota.ts";
 import { lockSandbox, SANDBOX_COLUMNS, type Sandbox } from "./model.ts";
 import { restorable } from "./snapshots.ts";
@@ -176,7 +176,7 @@ async function claimWarm(w: Write, t: SandboxTemplate, who: Principal & { tenant
   if (!inst) return null;
   const charge = chargeOf(inst);
   if (inst.nodeId)
-    await enqueueCommand(w, { nodeId: inst.nodeId, instanceId: inst.id, kind: "instance.resume", args: { instanceId: inst.id }, timeoutMs: 60_000 });
+    await enqueueCommand(w, { nodeId: inst.nodeId, instanceId: inst.id, kind: "instance.resume", args: { instanceId: inst.id }, timeoutMs: POWER_COMMAND_MS });
   const claimed = await writeChange(
     w,
     inst,

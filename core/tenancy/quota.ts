@@ -77,14 +77,12 @@ export async function quotaRefusal(sql: Sql, tenantId: string, charge: Charge, r
 
 /** Give a charge back. Called once per instance: the caller flips `charge_released` under the row lock. */
 export async function releaseQuota(sql: Sql, tenantId: string, charge: Charge): Promise<void> {
-  const resources = Object.keys(charge)
-    .filter((r) => (charge[r] ?? 0) > 0)
-    .sort();
+  const { resources, amounts } = chargeRows(charge);
   if (resources.length === 0) return;
   await sql.query(
     `UPDATE quota_usage u SET used = u.used - w.amount FROM unnest($2::text[], $3::bigint[]) AS w(resource, amount)
       WHERE u.tenant_id = $1 AND u.resource = w.resource`,
-    [tenantId, resources, resources.map((r) => charge[r])],
+    [tenantId, resources, amounts],
   );
 }
 

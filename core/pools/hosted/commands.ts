@@ -37,6 +37,12 @@ const COLUMNS = `id, node_id AS "nodeId", instance_id AS "instanceId", kind, arg
 const asHostCommand = (r: HostCommandRow): HostCommand => ({ id: r.id, kind: r.kind, deadline: r.deadline.toISOString(), args: r.args }) as HostCommand;
 
 /** Queue a command for a node; its agent hears of it once the write commits. */
+/**
+ * How long a pause or resume command may wait to be taken: past it the spec, which asks for the same power state,
+ * does the job.
+ */
+export const POWER_COMMAND_MS = 60_000;
+
 export async function enqueueCommand(
   w: Write,
   c: { nodeId: string; instanceId: string; kind: HostCommandKind; args: Record<string, unknown>; timeoutMs: number },
