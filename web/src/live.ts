@@ -13,7 +13,7 @@ export type InstanceRow = InstanceFieldsFragment;
 type Seen = InstanceEventFieldsFragment["instance"];
 
 /** The newer of what we hold and what arrived: events and reads race, and the instance's version orders them. */
-function merge(held: InstanceRow | undefined, seen: Seen | InstanceRow): InstanceRow | undefined {
+export function merge(held: InstanceRow | undefined, seen: Seen | InstanceRow): InstanceRow | undefined {
   if (!held) return "vcpus" in seen ? seen : undefined;
   return seen.version >= held.version ? { ...held, ...seen } : held;
 }

@@ -11,6 +11,7 @@ import {
   watchInstance,
 } from "../../../sdk/client.ts";
 import { href, useQuery } from "../hooks.ts";
+import { merge } from "../live.ts";
 import { type Session, useSession } from "../session.ts";
 import { Age, Badge, ConfirmButton, Empty, ErrorNote, Loading, mib, Section } from "../ui.tsx";
 
@@ -48,7 +49,7 @@ export function InstanceView({ id }: { id: string }) {
     if (read.data) setLatest(read.data);
   }, [read.data]);
   useEffect(() => {
-    if (last) setLatest((held) => (held && last.instance.version >= held.version ? { ...held, ...last.instance } : held));
+    if (last) setLatest((held) => (held ? (merge(held, last.instance) ?? held) : held));
   }, [last]);
 
   if (read.error) return <ErrorNote error={read.error} />;
@@ -59,7 +60,7 @@ export function InstanceView({ id }: { id: string }) {
       <p>
         <a href={href("instances")}>← Instances</a>
       </p>
-      <Section title={i.id} actions={<Actions i={i} onChange={(n) => setLatest((held) => (held && n.version >= held.version ? n : held))} />}>
+      <Section title={i.id} actions={<Actions i={i} onChange={(n) => setLatest((held) => (held ? (merge(held, n) ?? held) : held))} />}>
         <dl class="facts">
           <dt>State</dt>
           <dd>
