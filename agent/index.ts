@@ -88,20 +88,23 @@ export async function startAgent(opts: AgentOptions) {
   let closed = false;
 
   // Reports leave one at a time, in the order they were taken, so the server never gets an older view after
-  // a newer one. `last` is the newest one taken between passes: whole, never halfway through a pass.
-  let sending: Promise<void> = Promise.resolve();
-  let queued = 0;
+  // a newer one. `last` is the newest one taken between passes: whole, never halfway through a pass. The loop
+  // does not wait for the server's answer (which includes the reconcile passes the report set off): the next
+  // spec is converged meanwhile. A report taken while another is on its way replaces any not yet sent: the
+  // newer view says all the older one would have.
+  let sending: Promise<void> | null = null;
+  let unsent: StatusReport | null = null;
   let last: StatusReport | null = null;
   const send = (report: StatusReport) => {
-    queued++;
-    sending = sending
-      .then(() => http.request(ReportStatusDocument, { report }))
-      .then(
-        () => {},
-        (e) => log("report failed", { err: String(e) }),
-      )
-      .finally(() => queued--);
-    return sending;
+    unsent = report;
+    sending ??= (async () => {
+      while (unsent) {
+        const next: StatusReport = unsent;
+        unsent = null;
+        await http.request(ReportStatusDocument, { report: next }).catch((e) => log("report failed", { err: String(e) }));
+      }
+      sending = null;
+    })();
   };
   const report = async () => {
     try {
@@ -109,7 +112,7 @@ export async function startAgent(opts: AgentOptions) {
     } catch (e) {
       return log("report failed", { err: String(e) });
     }
-    await send(last);
+    send(last);
   };
   // Passes and reports take turns in one loop, so a report never reads the host halfway through a pass; a
   // spec arriving during a pass makes the loop go round again. `running` is cleared in the same tick as the
@@ -155,7 +158,7 @@ export async function startAgent(opts: AgentOptions) {
   // without ever seeing a pass half applied.
   const heartbeat = setInterval(() => {
     if (!running) schedule(latest && latest.generation > converged ? "pass" : "report");
-    else if (last && queued === 0) void send(last);
+    else if (last && !sending) send(last);
   }, opts.heartbeatMs ?? 5000);
   let giveUp: (why: string) => void = () => {};
   const ended = new Promise<string>((resolve) => {
@@ -224,6 +227,7 @@ export async function startAgent(opts: AgentOptions) {
       await ws.dispose();
       await Promise.race([follow, sleep(1000)]);
       await running;
+      await sending;
       await commands.close();
       await opts.runtime.close();
     },

@@ -176,6 +176,7 @@ async function run() {
           deps,
           { identityId: t.apiToken.identityId, tenantId: t.tenant.id },
           { poolId: fx.poolId, flavor: "small", imageId: fx.imageId, idempotencyKey: `core-${n}` },
+          { commits: true },
         ),
       );
     });

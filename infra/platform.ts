@@ -6,7 +6,7 @@ import { type Clock, systemClock } from "../core/kernel/clock.ts";
 import type { Sql } from "../core/kernel/db.ts";
 import { type IdSource, randomIds } from "../core/kernel/ids.ts";
 import { newSealKey, type Sealer, sealer } from "../core/kernel/seal.ts";
-import { finishWrite, Write, type WriteOptions } from "../core/kernel/write.ts";
+import { finishWrite, positionEvents, Write, type WriteOptions } from "../core/kernel/write.ts";
 import type { DriverDeps, SyncIo } from "../core/pools/driver.ts";
 import { type Bus, openBus } from "./bus.ts";
 import type { Config } from "./config.ts";
@@ -17,6 +17,7 @@ import { bullJobs, type Jobs, memoryJobs } from "./jobs.ts";
 import { type Logger, logger } from "./log.ts";
 import { platformMetrics } from "./metrics.ts";
 import { providerSessions } from "./providers.ts";
+import { eventSequencer } from "./sequencer.ts";
 
 /** Everything a process of the platform shares: one per server, worker or dev process. */
 export interface Platform {
@@ -71,6 +72,9 @@ export interface PlatformOptions {
 }
 
 const RETRYABLE = new Set(["40001", "40P01"]);
+// Keys that concurrent identical requests race to insert (idempotent creates): the write that lost runs again
+// and finds the winner's row.
+const RETRY_ON_DUPLICATE = new Set(["instances_pkey", "ip_addresses_instance_id_key", "allocations_instance_id_key"]);
 
 export async function openPlatform(config: Config, opts: PlatformOptions = {}): Promise<Platform> {
   const log = opts.log ?? logger(config.logLevel);
@@ -107,7 +111,7 @@ export async function openPlatform(config: Config, opts: PlatformOptions = {}): 
       for (const e of w.events) bus.publish("instanceEvents", e);
       counts.eventsPublished += w.events.length;
       for (const commandId of w.execOutputs) bus.publish("execOutput", { commandId }, commandId);
-      for (const instanceId of w.wakes) await jobs.enqueue("vps.instances", { instanceId });
+      for (const instanceId of w.wakes) if (!w.settled.has(instanceId)) await jobs.enqueue("vps.instances", { instanceId });
       for (const accountId of w.providerAccounts) await jobs.enqueue("vps.providers", { accountId });
       for (const tenantId of w.tenantsToTearDown) await jobs.enqueue("vps.tenants", { tenantId });
       if (w.sandboxes) await jobs.enqueue("vps.sandboxes", {}, { delayMs: w.sandboxes.delayMs });
@@ -119,6 +123,8 @@ export async function openPlatform(config: Config, opts: PlatformOptions = {}): 
     }
   }
 
+  const sequence = eventSequencer(db);
+
   /** The write path on `on`: the database itself (host work) or an API caller's share of it. */
   const writeOn =
     (on: Pick<Database, "transaction">): Platform["write"] =>
@@ -126,18 +132,24 @@ export async function openPlatform(config: Config, opts: PlatformOptions = {}): 
       for (let attempt = 1; ; attempt++) {
         try {
           const [result, w] = await on.transaction(async (sql) => {
-            const w = new Write(sql, ids, now(), wopts);
+            const w = new Write(sql, ids, now(), wopts, attempt);
             const result = await fn(w);
             await finishWrite(w);
             return [result, w] as const;
           });
           counts.writes++;
+          // Committed whatever happens here: without positions its events are not published (subscribers'
+          // polls read them), rather than the write reported as failed.
+          await positionEvents(w, sequence).catch((err) => {
+            log.warn("positioning committed events failed", { actor: wopts.actor, err: String(err) });
+            w.events.splice(0);
+          });
           await apply(w);
           return result;
         } catch (e) {
           // Deadlocks and serialisation failures are the database asking for a retry, not a user error.
-          const code = (e as { code?: string }).code;
-          if (attempt < 4 && code && RETRYABLE.has(code)) {
+          const { code, constraint } = e as { code?: string; constraint?: string };
+          if (attempt < 4 && code && (RETRYABLE.has(code) || (code === "23505" && constraint && RETRY_ON_DUPLICATE.has(constraint)))) {
             counts.retries++;
             continue;
           }

@@ -18,18 +18,20 @@ export interface SpanOwner {
 
 /**
  * The INSERT that opens the span of an allocation just taken; its shape (and GPUs) are the allocation's.
- * `p(k)` names the statement's placeholder for the k-th of spanParams' values; `from` may join rows the
- * insert depends on (admission joins its new instance, so no instance means no span).
+ * `p(k)` names the statement's placeholder for the k-th of spanParams' values; `source` (alias `a`: id, vcpus,
+ * memory_mib) and `where` may say otherwise where the allocation comes from (admission's statement reads it
+ * from the row it inserts, and joins its new instance, so no instance means no span).
  */
 export const openSpanSql = (
   p: (k: number) => string,
-  from = "",
+  source = "allocations a",
+  where = `a.id = ${p(1)}`,
 ) => `INSERT INTO meter_spans (id, allocation_id, instance_id, tenant_id, project_id, warm, vcpus, memory_mib, gpus, started_at, metered_until)
      SELECT ${p(0)}, a.id, ${p(2)}, ${p(3)}, ${p(4)}, ${p(5)}, a.vcpus, a.memory_mib,
             COALESCE((SELECT jsonb_agg(jsonb_build_object('model', g.model, 'count', g.n) ORDER BY g.model)
                         FROM (SELECT model, count(*)::int AS n FROM node_gpus WHERE allocation_id = a.id GROUP BY model) g), '[]'::jsonb),
             ${p(6)}::timestamptz, ${p(6)}::timestamptz
-       FROM allocations a${from} WHERE a.id = ${p(1)}`;
+       FROM ${source} WHERE ${where}`;
 
 export const spanParams = (w: Write, allocationId: string, owner: SpanOwner) => [
   w.ids("mspan"),

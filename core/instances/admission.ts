@@ -59,6 +59,8 @@ export interface AdmitOptions {
   desiredState?: "running" | "stopped" | "paused";
   /** Place it on this node only (a restore from a snapshot that node holds). */
   onlyNodeId?: string;
+  /** This create is the whole write (createInstance): its last statement commits it, in the same round trip. */
+  commits?: boolean;
   /** What a sandbox's (or a warm pool's) instance carries beyond a plain one, written with its row. */
   sandbox?: {
     sandboxId?: string;
@@ -80,9 +82,8 @@ export async function admitInstance(w: Write, deps: AdmissionDeps, caller: Calle
     id,
   );
 
-  // Identical creates queue here rather than racing to the primary key and rolling back their claims. The
-  // lookups are a separate statement so that their snapshot is taken after the lock is held.
-  await sql.query(`SELECT pg_advisory_xact_lock(hashtextextended($1, 0))`, [id]);
+  // Identical creates race to the instance's primary key: the loser's write fails on it once the winner
+  // commits and is run again by the write runner (infra/platform.ts), when this lookup finds the winner's row.
   const [found] = await sql.query<{
     existing: boolean;
     sameRequest: boolean;
@@ -143,9 +144,27 @@ export async function admitInstance(w: Write, deps: AdmissionDeps, caller: Calle
   const { resources, amounts } = chargeRows(charge);
   if (needsUsageRows(resources)) await ensureUsageRows(sql, caller.tenantId, resources);
 
-  // One statement for the rest, hot rows last: the quota charge (the tenant's rows, which every create of the
-  // tenant waits on), then the instance, its events and its meter span only if the whole charge held. The
-  // node row, claimed by the driver's placement, and these are then held for this statement and the commit.
+  // One statement for the rest, hot rows last: the driver's deferred hold (hosted: the address, then the node)
+  // or what it already took, then the quota charge (the tenant's rows, which every create of the tenant waits
+  // on), then — only if the whole charge held — the instance, its events, its meter span and its audit row.
+  // Every row this locks is then held for this statement and the commit only.
+  const params: unknown[] = [];
+  const add = (v: unknown) => {
+    params.push(v);
+    return `$${params.length}`;
+  };
+  const deferred = placed.deferred;
+  let held: string;
+  if (deferred) {
+    const first = params.length;
+    params.push(...deferred.params);
+    held = deferred.ctes((k) => `$${first + k}`);
+  } else {
+    held = `held AS (SELECT ${add(placed.nodeId)}::text AS node_id, ${add(placed.converged?.specGeneration ?? 0)}::int AS generation,
+                    ${add(placed.addresses)}::text[] AS addresses, ${add(placed.allocationId)}::text AS allocation_id, NULL::text AS picked)`;
+  }
+  // The hold was taken (a pool class that holds nothing on admission has nothing to take).
+  const holds = `(held.node_id IS NOT NULL OR ${add(!placed.nodeId && !deferred)}::boolean)`;
   const owner = spanOwner({
     id,
     tenantId: caller.tenantId,
@@ -153,81 +172,82 @@ export async function admitInstance(w: Write, deps: AdmissionDeps, caller: Calle
     warmTemplateId: opts.sandbox?.warmTemplate?.id ?? null,
     claimedAt: null,
   });
-  const [row] = await sql.query<Instance & { eventIds: string[] | null; raised: string[] | null }>(
-    `WITH q AS (${chargeSql("$2", "$38", "$39")}),
+  // Placeholders only for the values the span's SQL reads (PostgreSQL refuses a parameter it cannot type).
+  const spanValues = spanParams(w, placed.allocationId ?? "", owner);
+  const spanAt = new Map<number, string>();
+  const spanP = (k: number) => spanAt.get(k) ?? (spanAt.set(k, add(spanValues[k])).get(k) as string);
+  const span = deferred
+    ? openSpanSql(spanP, "made a JOIN i ON true", "true")
+    : placed.allocationId
+      ? openSpanSql(spanP, "allocations a JOIN i ON true", "a.id = i.allocation_id")
+      : null;
+  const audit =
+    opts.audit === false
+      ? null
+      : w.auditInStatement(
+          { targetId: id, tenantId: caller.tenantId },
+          add,
+          `jsonb_build_object('poolId', i.pool_id, 'flavor', ${add(JSON.stringify(shape))}::jsonb, 'nodeId', i.node_id, 'addresses', to_jsonb(i.addresses),
+             'offer', i.offer)`,
+          "i",
+        );
+  type Held = { node_id: string | null; addresses: string[] | null; picked: string | null };
+  type Outcome = { raised: string[] | null; held: Held | null };
+  type Row = Instance & { eventIds: string[] | null; outcome: Outcome };
+  // The whole write: its last statement commits it (Sql.commitWith), and so must fail outright on a refusal.
+  const commit = opts.commits ? (sql.commitWith as ((t: string, p: readonly unknown[]) => Promise<Row[]>) | undefined) : undefined;
+  const text = `WITH ${held},
+     q AS (${chargeSql(add(caller.tenantId), add(resources), add(amounts), `EXISTS (SELECT FROM held WHERE ${holds})`)}),
      i AS (
        INSERT INTO instances (id, tenant_id, pool_id, project_id, owner_identity_id, idempotency_key, request_hash, flavor, vcpus,
          memory_mib, disk_gib, gpus, image_id, image_url, image_sha256, image_format, image_verified, ssh_keys, user_data_sealed,
          runtime, state, desired_state, node_id, allocation_id, addresses, charge, offer, sandbox_id, warm_template_id, warm_template_version, env,
          network_policy, restore_from, version, spec_generation, created_at, updated_at)
-       SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12::jsonb, $13, $14, $15, $16, $17, $18::text[], $19, $20, $34, $21,
-         $22, $23, $24::text[], $25::jsonb, $27, $28, $29, $30, $31::jsonb, $32::jsonb, $33::jsonb, $35, $36, $26::timestamptz, $26::timestamptz
-       WHERE (SELECT count(*) FROM q) = $40
+       SELECT ${add(id)}, ${add(caller.tenantId)}, ${add(input.poolId)}, ${add(input.projectId ?? null)}, ${add(caller.identityId)}, ${add(key)},
+         ${add(requestHash)}, ${add(found.flavor.name)}, ${add(shape.vcpus)}, ${add(shape.memoryMib)}, ${add(shape.diskGib)}, ${add(JSON.stringify(shape.gpus))}::jsonb,
+         ${add(input.imageId)}, ${add(placed.image?.url ?? null)}, ${add(placed.image?.sha256 ?? null)}, ${add(placed.image?.format ?? null)},
+         ${add(placed.image?.verified ?? false)}, ${add(input.sshKeys)}::text[],
+         ${add(input.userData === undefined ? null : Buffer.from(deps.sealer.seal(input.userData, id)))}, ${add(placed.runtime)}, ${add(last.to_state)},
+         ${add(desiredState)}, held.node_id, held.allocation_id, COALESCE(held.addresses, '{}'), ${add(JSON.stringify(charge))}::jsonb, ${add(placed.offer ?? null)},
+         ${add(opts.sandbox?.sandboxId ?? null)}, ${add(opts.sandbox?.warmTemplate?.id ?? null)}, ${add(opts.sandbox?.warmTemplate?.version ?? null)},
+         ${add(JSON.stringify(opts.sandbox?.env ?? {}))}::jsonb, ${add(opts.sandbox?.networkPolicy ? JSON.stringify(opts.sandbox.networkPolicy) : null)}::jsonb,
+         ${add(opts.sandbox?.restoreFrom ? JSON.stringify(opts.sandbox.restoreFrom) : null)}::jsonb, ${add(last.version)}, COALESCE(held.generation, 0),
+         ${add(w.now)}::timestamptz, ${add(w.now)}::timestamptz
+         FROM held
+        WHERE ${holds} AND (SELECT count(*) FROM q) = ${add(resources.length)}
        RETURNING *),
      e AS (
        INSERT INTO instance_events (instance_id, tenant_id, pool_id, project_id, from_state, to_state, desired_state, reason, actor, version, at)
-       SELECT i.id, i.tenant_id, i.pool_id, i.project_id, s.from_state, s.to_state, i.desired_state, s.reason, s.actor, s.version, $26
-         FROM i, jsonb_to_recordset($37::jsonb) AS s(from_state text, to_state text, reason text, actor text, version int)
+       SELECT i.id, i.tenant_id, i.pool_id, i.project_id, s.from_state, s.to_state, i.desired_state, s.reason, s.actor, s.version, i.created_at
+         FROM i, jsonb_to_recordset(${add(JSON.stringify(events))}::jsonb) AS s(from_state text, to_state text, reason text, actor text, version int)
         ORDER BY s.version RETURNING id, version)
-     ${placed.allocationId ? `, span AS (${openSpanSql((k) => `$${41 + k}`, " JOIN i ON true")})` : ""}
-     SELECT ${INSTANCE_COLUMNS}, (SELECT array_agg(id::text ORDER BY version) FROM e) AS "eventIds",
-            (SELECT array_agg(resource) FROM q) AS raised
-       FROM (SELECT 1) one LEFT JOIN i ON true`,
-    [
-      id,
-      caller.tenantId,
-      input.poolId,
-      input.projectId ?? null,
-      caller.identityId,
-      key,
-      requestHash,
-      found.flavor.name,
-      shape.vcpus,
-      shape.memoryMib,
-      shape.diskGib,
-      JSON.stringify(shape.gpus),
-      input.imageId,
-      placed.image?.url ?? null,
-      placed.image?.sha256 ?? null,
-      placed.image?.format ?? null,
-      placed.image?.verified ?? false,
-      input.sshKeys,
-      input.userData === undefined ? null : Buffer.from(deps.sealer.seal(input.userData, id)),
-      placed.runtime,
-      desiredState,
-      placed.nodeId,
-      placed.allocationId,
-      placed.addresses,
-      JSON.stringify(charge),
-      w.now,
-      placed.offer ?? null,
-      opts.sandbox?.sandboxId ?? null,
-      opts.sandbox?.warmTemplate?.id ?? null,
-      opts.sandbox?.warmTemplate?.version ?? null,
-      JSON.stringify(opts.sandbox?.env ?? {}),
-      opts.sandbox?.networkPolicy ? JSON.stringify(opts.sandbox.networkPolicy) : null,
-      opts.sandbox?.restoreFrom ? JSON.stringify(opts.sandbox.restoreFrom) : null,
-      last.to_state,
-      last.version,
-      placed.converged?.specGeneration ?? 0,
-      JSON.stringify(events),
-      resources,
-      amounts,
-      resources.length,
-      ...(placed.allocationId ? spanParams(w, placed.allocationId, owner) : []),
-    ],
-  );
-  if (!row?.eventIds) throw await quotaRefusal(sql, caller.tenantId, charge, row?.raised ?? []);
-  const { eventIds, raised: _, ...instance } = row as Instance & { eventIds: string[]; raised: unknown };
+     ${span ? `, span AS (${span})` : ""}
+     ${audit ? `, audited AS (${audit})` : ""},
+     outcome AS (SELECT (SELECT array_agg(resource) FROM q) AS raised, (SELECT to_jsonb(held) FROM held) AS held)
+     SELECT ${INSTANCE_COLUMNS}, (SELECT array_agg(id::text ORDER BY version) FROM e) AS "eventIds", to_jsonb(outcome) AS outcome
+            ${commit ? ", CASE WHEN i.id IS NULL THEN admission_refused(to_jsonb(outcome)) END AS refused" : ""}
+       FROM outcome LEFT JOIN i ON true`;
+  let row: Row | undefined;
+  try {
+    [row] = commit ? await commit.call(sql, text, params) : await sql.query<Row>(text, params);
+  } catch (e) {
+    if ((e as { code?: string }).code !== "BC001") throw e;
+    row = { outcome: JSON.parse((e as { detail: string }).detail) as Outcome } as typeof row;
+  }
+  if (!row?.eventIds) {
+    const outcome = row?.outcome ?? { raised: null, held: null };
+    if (deferred && !outcome.held?.node_id)
+      throw await deferred.refusal(sql, { addresses: outcome.held?.addresses ?? null, picked: outcome.held?.picked ?? null });
+    throw await quotaRefusal(sql, caller.tenantId, charge, outcome.raised ?? []);
+  }
+  const { eventIds, outcome: _, ...instance } = row as Instance & { eventIds: string[]; outcome: unknown; refused?: unknown };
   for (const [k, e] of events.entries())
     w.event(eventMessage({ ...instance, state: e.to_state as Instance["state"], version: e.version }, e.from_state, eventIds[k] as string));
-  // The node's spec now holds the instance: its agent hears once this commits.
-  if (placed.converged && placed.nodeId) w.spec(placed.nodeId, placed.converged.specGeneration);
-  if (opts.audit !== false)
-    w.audit({
-      targetId: id,
-      tenantId: caller.tenantId,
-      details: { poolId: input.poolId, flavor: shape, nodeId: placed.nodeId, addresses: placed.addresses, offer: placed.offer ?? null },
-    });
+  // The node's spec now holds the instance: its agent hears once this commits. Admission took every step that
+  // needs no host, so a reconcile pass would find nothing to do before the host reports.
+  if (placed.converged && instance.nodeId) {
+    w.spec(instance.nodeId, instance.specGeneration);
+    w.settle(instance.id);
+  }
   return instance;
 }

@@ -34,12 +34,16 @@ const MAX_STEPS = 16;
  * Every guarded step the instance's situation proves, in the Write's one transaction, until it has nothing left
  * to do without news from its host: each step re-reads the row under the lock the pass holds and writes its own
  * event, in order, and the host hears of the result once, at commit. Returns the instance if anything changed.
+ * A pass that ran out of steps wakes the instance again; one that ran out of things to do does not.
  */
 export async function reconcilePass(w: Write, deps: DriverDeps, instanceId: string): Promise<Instance | null> {
   let last: Instance | null = null;
   for (let step = 0; step < MAX_STEPS; step++) {
     const next = await reconcileOnce(w, deps, instanceId);
-    if (!next) break;
+    if (!next) {
+      w.settle(instanceId);
+      break;
+    }
     last = next;
   }
   return last;

@@ -7,6 +7,13 @@
  */
 export interface Sql {
   query<T = Record<string, unknown>>(text: string, params?: readonly unknown[]): Promise<T[]>;
+  /**
+   * Run `text` as the transaction's last statement and commit it in the same round trip, so that the rows it
+   * locks are held for the statement and the commit only, not also for a round trip to the client and back.
+   * If the statement fails, the transaction is rolled back and the error thrown. After it, the transaction is
+   * over: later statements on this Sql run on their own. Only where the driver can (PostgreSQL, in a write).
+   */
+  commitWith?<T = Record<string, unknown>>(text: string, params: readonly unknown[]): Promise<T[]>;
 }
 
 /** The first row, or undefined. */

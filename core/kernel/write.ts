@@ -28,6 +28,15 @@ export interface AuditSubject {
   details?: unknown;
 }
 
+/**
+ * A write that lost a race it could not wait out in its own statement: the runner runs the whole write again
+ * (as it does for the database's own serialization failures, whose code this carries), and `attempt` tells
+ * the domain it is a retry.
+ */
+export class ContendedWrite extends Error {
+  readonly code = "40001";
+}
+
 export class Write {
   readonly events: InstanceEventMessage[] = [];
   readonly wakes = new Set<string>();
@@ -48,6 +57,8 @@ export class Write {
     readonly ids: IdSource,
     readonly now: Date,
     readonly opts: WriteOptions,
+    /** 1, or which retry of the write this is (after a deadlock, a serialization failure, a ContendedWrite). */
+    readonly attempt = 1,
   ) {}
 
   get actor(): string {
@@ -63,6 +74,17 @@ export class Write {
   /** Reconcile this instance once committed. */
   wake(instanceId: string): void {
     this.wakes.add(instanceId);
+  }
+
+  /** Instances a reconcile pass in this write took as far as they go without news: no wake-up for them. */
+  readonly settled = new Set<string>();
+
+  /**
+   * This write's reconcile pass took every step the instance allows until something else changes: its own
+   * events need not wake it again (a pass then would find nothing). Wake-ups of other writes are untouched.
+   */
+  settle(instanceId: string): void {
+    this.settled.add(instanceId);
   }
 
   /** A node's desired set changed: its agent hears of the new generation once committed. */
@@ -119,6 +141,24 @@ export class Write {
     this.subject = subject;
   }
 
+  private auditWritten = false;
+
+  /**
+   * `audit`, with the row inserted by the caller's own last statement (admission's, whose node and addresses
+   * are only known inside it): the INSERT for a CTE, reading `from`, its values placed with `add`; `details` is a
+   * jsonb SQL expression over `from`. The caller must fail the write if the statement did not insert it. Null
+   * for a write that is not a mutation (it keeps no audit row).
+   */
+  auditInStatement(subject: Omit<AuditSubject, "details">, add: (v: unknown) => string, details: string, from: string): string | null {
+    if (!this.opts.action) return null;
+    this.audit(subject);
+    this.auditWritten = true;
+    const action = this.opts.action as string;
+    return `INSERT INTO audit_log (actor_id, tenant_id, action, target_id, request_id, details, at)
+       SELECT ${add(this.actor)}, ${add(subject.tenantId ?? null)}, ${add(action)}, ${add(subject.targetId)}, ${add(this.opts.requestId ?? null)}, ${details}, ${add(this.now)}::timestamptz
+         FROM ${from}`;
+  }
+
   /** This mutation changed nothing (a replay, a repeated request): it writes no audit row. */
   unchanged(): void {
     this.noChange = true;
@@ -127,33 +167,41 @@ export class Write {
   /** The audit row this write owes, or null; throws for a mutation that said neither what nor that nothing changed. */
   auditRow(): (AuditSubject & { action: string }) | null {
     const action = this.opts.action;
-    if (!action) return null;
+    if (!action || this.auditWritten) return null;
     if (this.subject) return { ...this.subject, action };
     if (this.noChange) return null;
     throw new Error(`mutation ${action} finished without naming its audit subject or saying it changed nothing`);
   }
 }
 
-/**
- * The transaction's last statement: the mutation's audit row, and positions for its instance events in commit
- * order. Positions are taken under a lock held through COMMIT (the live_positions migration), so a reader that
- * sees position p has seen every event before it; cursors are positions, so the bus messages get them here.
- */
+/** The transaction's last statement: the mutation's audit row, if it owes one. */
 export async function finishWrite(w: Write): Promise<void> {
   const row = w.auditRow();
-  const ids = w.events.map((e) => e.cursor);
-  if (!row && !ids.length) return;
-  const auditValues = row ? [w.actor, row.tenantId ?? null, row.action, row.targetId, w.opts.requestId ?? null, JSON.stringify(row.details ?? {}), w.now] : [];
-  const insertAudit = (n: number) => `INSERT INTO audit_log (actor_id, tenant_id, action, target_id, request_id, details, at)
-    VALUES ($${n}, $${n + 1}, $${n + 2}, $${n + 3}, $${n + 4}, $${n + 5}::jsonb, $${n + 6})`;
-  if (!ids.length) {
-    await w.sql.query(insertAudit(1), auditValues);
-    return;
-  }
-  const rows = await w.sql.query<{ id: string; position: string }>(
-    `${row ? `WITH a AS (${insertAudit(2)}) ` : ""}SELECT id::text AS id, position::text AS position FROM sequence_instance_events($1::bigint[])`,
-    [ids, ...auditValues],
-  );
-  const positions = new Map(rows.map((r) => [r.id, r.position]));
+  if (!row) return;
+  await w.sql.query(`INSERT INTO audit_log (actor_id, tenant_id, action, target_id, request_id, details, at) VALUES ($1, $2, $3, $4, $5, $6::jsonb, $7)`, [
+    w.actor,
+    row.tenantId ?? null,
+    row.action,
+    row.targetId,
+    w.opts.requestId ?? null,
+    JSON.stringify(row.details ?? {}),
+    w.now,
+  ]);
+}
+
+/**
+ * Once committed: positions for this write's instance events, from the sequencer (infra/sequencer.ts; the
+ * sequenced_positions migration gives committed events positions in commit order, outside any writer's
+ * transaction, so a reader that sees position p has seen every event before it). Cursors are positions, so the
+ * bus messages carry them.
+ */
+export async function positionEvents(w: Write, sequence: (eventIds: readonly string[]) => Promise<Map<string, string>>): Promise<void> {
+  if (!w.events.length) return;
+  const positions = await sequence(w.events.map((e) => e.cursor));
   for (const e of w.events) e.cursor = positions.get(e.cursor) as string;
+}
+
+/** Position events whose writer committed them and died before asking (the sweep's backstop). */
+export async function positionStragglers(sql: Sql): Promise<void> {
+  await sql.query(`SELECT count(*) FROM sequence_instance_events('{}'::bigint[], true)`);
 }

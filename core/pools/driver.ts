@@ -84,6 +84,25 @@ export interface Placed {
    * host hears of the instance when the create commits, not after a reconciler's round trip.
    */
   converged?: { steps: { to: InstanceState; reason: string }[]; specGeneration: number };
+  /**
+   * Hosted, the common case: the address and the node are not taken yet. Admission takes them in its last
+   * statement, just before the quota charge, so the node's row is locked for that statement and its commit
+   * instead of across the charge's wait and the round trips between (nodeId, addresses and the converged
+   * generation are then known from that statement's `held` row).
+   */
+  deferred?: DeferredHold;
+}
+
+/**
+ * Statement parts a driver hands admission. `ctes(p)` (no leading WITH) end in `held`, always one row:
+ * `node_id`, `generation` (the node's spec generation after the claim), `addresses`, `allocation_id` (null when
+ * not taken), `vcpus`, `memory_mib` (the allocation's), `picked` (the node chosen, even if not taken); p(k) is the statement's placeholder for params[k - 1].
+ * When `held.node_id` is null, `refusal` says why, or throws a retryable error when it was only contention.
+ */
+export interface DeferredHold {
+  ctes(p: (k: number) => string): string;
+  params: unknown[];
+  refusal(sql: Sql, held: { addresses: string[] | null; picked: string | null }): Promise<Error>;
 }
 
 export interface DriverDeps {

@@ -30,11 +30,12 @@ export const needsUsageRows = (resources: readonly string[]) => resources.some((
 /**
  * The guarded UPDATE that charges: a row is only raised while it stays within its limit, and the row locks
  * serialise a tenant's concurrent creates (the WHERE is re-checked after a lock wait). Returns the resources it
- * raised; fewer than asked means a limit was hit. `tenant`, `resources`, `amounts` are the placeholders.
+ * raised; fewer than asked means a limit was hit. `tenant`, `resources`, `amounts` are the placeholders; nothing
+ * is charged where `guard` is false.
  */
-export const chargeSql = (tenant: string, resources: string, amounts: string) => `UPDATE quota_usage u SET used = u.used + w.amount
+export const chargeSql = (tenant: string, resources: string, amounts: string, guard = "true") => `UPDATE quota_usage u SET used = u.used + w.amount
        FROM unnest(${resources}::text[], ${amounts}::bigint[]) AS w(resource, amount)
-      WHERE u.tenant_id = ${tenant} AND u.resource = w.resource
+      WHERE u.tenant_id = ${tenant} AND u.resource = w.resource AND ${guard}
         AND u.used + w.amount <= COALESCE((SELECT l."limit" FROM quota_limits l WHERE l.tenant_id = ${tenant} AND l.resource = w.resource), u.used + w.amount)
       RETURNING u.resource`;
 

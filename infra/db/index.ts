@@ -177,17 +177,84 @@ const pgQuery = (pool: pg.Pool): Sql => ({
 
 async function pgTransaction<T>(pool: pg.Pool, fn: (sql: Sql) => Promise<T>): Promise<T> {
   const client = await pool.connect();
+  let open = false;
+  let committedEarly = false;
+  const sql: Sql = {
+    query: async <R>(text: string, params?: readonly unknown[]) => {
+      // A write that goes on after its last statement would write outside its transaction.
+      if (committedEarly) throw new Error("this transaction was committed by its last statement (commitWith)");
+      return (await client.query(prepared(text, params))).rows as R[];
+    },
+    commitWith: async <R>(text: string, params: readonly unknown[]) => {
+      const name = await prepareOn(client, text);
+      open = false;
+      committedEarly = true;
+      try {
+        // One simple-protocol message: the statement, then COMMIT, which PostgreSQL skips if the statement fails.
+        const results = (await client.query(`EXECUTE ${name}(${params.map(literal).join(", ")}); COMMIT`)) as unknown as pg.QueryResult[];
+        return results[0]?.rows as R[];
+      } catch (e) {
+        await client.query("ROLLBACK").catch(() => {});
+        // Rolled back: what the caller reads next to explain the failure runs on its own.
+        committedEarly = false;
+        throw e;
+      }
+    },
+  };
   try {
     await client.query("BEGIN");
-    const result = await fn({ query: async <R>(text: string, params?: readonly unknown[]) => (await client.query(prepared(text, params))).rows as R[] });
-    await client.query("COMMIT");
+    open = true;
+    const result = await fn(sql);
+    if (open) await client.query("COMMIT");
     return result;
   } catch (e) {
-    await client.query("ROLLBACK").catch(() => {});
+    if (open) await client.query("ROLLBACK").catch(() => {});
     throw e;
   } finally {
     client.release();
   }
+}
+
+/** Statements prepared with SQL PREPARE on each connection (for commitWith, which sends EXECUTE). */
+const preparedOn = new WeakMap<pg.PoolClient, Set<string>>();
+
+async function prepareOn(client: pg.PoolClient, text: string): Promise<string> {
+  const name = `bcx_${createHash("sha1").update(text).digest("hex").slice(0, 16)}`;
+  const names = preparedOn.get(client) ?? new Set<string>();
+  preparedOn.set(client, names);
+  if (!names.has(name)) {
+    // Prepared statements belong to the session, not the transaction: made once per connection.
+    await client.query(`PREPARE ${name} AS ${text}`);
+    names.add(name);
+  }
+  return name;
+}
+
+/**
+ * A parameter as EXECUTE takes it: a quoted literal of its text form, which PostgreSQL converts to the type the
+ * prepared statement inferred for it, as it does a parameter sent apart from the query.
+ */
+function literal(v: unknown): string {
+  if (v === null || v === undefined) return "NULL";
+  if (typeof v === "string") return pg.escapeLiteral(v);
+  if (typeof v === "number") {
+    if (!Number.isFinite(v)) throw new Error(`not a finite number: ${v}`);
+    return `'${v}'`;
+  }
+  if (typeof v === "boolean" || typeof v === "bigint") return `'${v}'`;
+  if (v instanceof Date) return pg.escapeLiteral(v.toISOString());
+  if (Buffer.isBuffer(v)) return pg.escapeLiteral(`\\x${v.toString("hex")}`);
+  if (Array.isArray(v))
+    return pg.escapeLiteral(
+      `{${v
+        .map((e) => {
+          if (e === null || e === undefined) return "NULL";
+          if (typeof e === "object") throw new Error("only arrays of scalars are sent as literals");
+          return `"${String(e).replace(/\\/g, "\\\\").replace(/"/g, '\\"')}"`;
+        })
+        .join(",")}}`,
+    );
+  throw new Error(`no literal for a ${typeof v}`);
 }
 
 function needPrisma(p: PrismaClient | null): PrismaClient {

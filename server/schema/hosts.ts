@@ -120,7 +120,7 @@ builder.mutationFields((t) => ({
   }),
 }));
 
-const SPEC_COALESCE_MS = 25;
+const SPEC_COALESCE_MS = 5;
 
 /**
  * Follow a node-keyed bus channel: yields `read()`'s result at once (so a reconnecting agent resumes from the

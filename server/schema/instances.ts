@@ -155,6 +155,7 @@ builder.mutationFields((t) => ({
             desiredState: (input.desiredState ?? undefined) as "running" | undefined,
             idempotencyKey: input.idempotencyKey ?? undefined,
           },
+          { commits: true },
         ),
       );
     },

@@ -4,6 +4,7 @@ import type { InstanceEventMessage } from "../../contracts/channels.ts";
 import { openBus } from "../../infra/bus.ts";
 import { queueName } from "../../infra/jobs.ts";
 import { CreateInstanceDocument, StartInstanceDocument, StopInstanceDocument } from "../../sdk/client.ts";
+import { sweep } from "../../worker/jobs/sweep.ts";
 import { expectCode, type Harness, redisUrl, startHarness } from "../support/harness.ts";
 
 let h: Harness;
@@ -65,6 +66,32 @@ describe("after commit", () => {
     const job = await queue.getJob(inst.id);
     expect(job?.data).toEqual({ instanceId: inst.id });
     expect(await queue.getWaitingCount()).toBe(1);
+  });
+
+  it("wakes no job for a create that admission took as far as it goes before its host reports", async () => {
+    const t = await h.tenant();
+    const pool = await h.hostedPool();
+    const inst = (await t.client.request(CreateInstanceDocument, { input: { poolId: pool.poolId, flavor: "small", imageId: pool.imageId } })).createInstance;
+    expect(inst.state).toBe("PROVISIONING");
+    expect(await queue.getJob(inst.id)).toBeUndefined();
+  });
+
+  it("gives a position to events whose writer committed them and died before asking, at the next sweep", async () => {
+    const t = await h.tenant();
+    const pool = await h.hostedPool();
+    const inst = (await t.client.request(CreateInstanceDocument, { input: { poolId: pool.poolId, flavor: "small", imageId: pool.imageId } })).createInstance;
+    const sql = (text: string, params: unknown[] = []) => h.platform.read((s) => s.query<{ id: string; position: string | null }>(text, params));
+    // What a writer leaves when it dies between its commit and the sequencer: a committed event without a position.
+    const [orphan] = await sql(
+      `INSERT INTO instance_events (instance_id, tenant_id, pool_id, from_state, to_state, desired_state, reason, actor, version)
+       SELECT id, tenant_id, pool_id, state, state, desired_state, 'test', 'test', version + 100 FROM instances WHERE id = $1 RETURNING id::text, position::text`,
+      [inst.id],
+    );
+    expect(orphan?.position).toBeNull();
+    const [head] = await sql(`SELECT '0' AS id, max(position)::text AS position FROM instance_events`);
+    await sweep(h.platform);
+    const [after] = await sql(`SELECT id::text, position::text FROM instance_events WHERE id = $1`, [orphan?.id]);
+    expect(BigInt(after?.position ?? "0")).toBeGreaterThan(BigInt(head?.position ?? "0"));
   });
 
   it("publishes nothing and wakes nothing for a refused request", async () => {

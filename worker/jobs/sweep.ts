@@ -1,3 +1,4 @@
+import { positionStragglers } from "../../core/kernel/write.ts";
 import { instancesWithUnsettledCommands } from "../../core/pools/hosted/commands.ts";
 import { announceOrphanRemovals, markLostNodes, reannounceSpecs } from "../../core/pools/hosted/liveness.ts";
 import { tenantsBeingDeleted } from "../../core/tenancy/teardown.ts";
@@ -8,11 +9,14 @@ const BATCH = 2000;
 /**
  * `vps.sweep`: silent nodes become lost (and their instances are woken), orphans past the grace go into their
  * node's spec for removal, specs an agent has not acknowledged are announced again, instances with host
- * commands to settle and every instance that is not at rest are woken. Wake-ups are hints; this is what makes
+ * commands to settle and every instance that is not at rest are woken, and committed events left without a
+ * position are given one. Wake-ups are hints; this is what makes
  * a lost one only a delay.
  */
 export async function sweep(platform: Platform): Promise<void> {
   const { hosts } = platform.config;
+  // Events a writer committed and then died before having them positioned are invisible to subscribers until now.
+  await platform.read(positionStragglers);
   await platform.write({ actor: "sweep" }, async (w) => {
     await markLostNodes(w, hosts.lostGraceMs);
     await announceOrphanRemovals(w, hosts.orphanGraceMs);

@@ -4,11 +4,11 @@ import type { Shape } from "../../catalog/shapes.ts";
 import { stepsWithoutHost } from "../../instances/decide.ts";
 import type { Instance } from "../../instances/model.ts";
 import { one } from "../../kernel/db.ts";
-import type { Write } from "../../kernel/write.ts";
-import type { PoolDriver, PoolInput } from "../driver.ts";
+import { ContendedWrite, type Write } from "../../kernel/write.ts";
+import type { AdmitRequest, DeferredHold, PoolDriver, PoolInput } from "../driver.ts";
 import { parseRange } from "./ipam.ts";
-import { createAddresses, leaseAddress } from "./leases.ts";
-import { place, releaseAllocation } from "./placement.ts";
+import { createAddresses, leaseAddress, leaseSql, noFreeAddress } from "./leases.ts";
+import { type PlaceRequest, place, placeInStatement, releaseAllocation, unschedulable } from "./placement.ts";
 import { reconcileHosted, releaseHosted } from "./reconcile.ts";
 
 /**
@@ -61,10 +61,7 @@ export const hostedDriver: PoolDriver = {
   async admit(w, req, deps) {
     const image = await deps.images.resolve(w.sql, req.tenantId, req.imageId);
     if (!image) throw notFound("image", req.imageId);
-    // The address first: its rows are skipped when locked, never waited for, so it holds no one up; the node's
-    // row, which creates queue on, is claimed as late as admission can.
-    const address = await leaseAddress(w.sql, req.pool.id, req.instanceId, w.now);
-    const placement = await place(w.sql, w.ids, {
+    const placeReq: PlaceRequest = {
       poolId: req.pool.id,
       tenantId: req.tenantId,
       instanceId: req.instanceId,
@@ -72,7 +69,7 @@ export const hostedDriver: PoolDriver = {
       singleTenant: req.pool.singleTenant,
       ...(req.onlyNodeId ? { onlyNodeId: req.onlyNodeId } : {}),
       bumpSpec: true,
-    });
+    };
     // Placed on a ready node: what the reconciler would do next needs no host, so the create does it.
     const steps = stepsWithoutHost({
       state: "pending",
@@ -84,12 +81,30 @@ export const hostedDriver: PoolDriver = {
       maxAttempts: deps.maxRecreateAttempts,
       retryRequested: false,
     });
+    const runtime = deps.runtimes[0] ?? null;
+    // The common case (no GPUs, any node; and not a retry, which takes the step-by-step way below): admission's
+    // last statement takes the address and the node.
+    if (!req.shape.gpus.length && !req.onlyNodeId && w.attempt === 1) {
+      return {
+        nodeId: null,
+        allocationId: null,
+        addresses: [],
+        image,
+        runtime,
+        converged: { steps, specGeneration: 0 },
+        deferred: deferredHold(w, req, placeReq),
+      };
+    }
+    // The address first: its rows are skipped when locked, never waited for, so it holds no one up; the node's
+    // row, which creates queue on, is claimed as late as admission can.
+    const address = await leaseAddress(w.sql, req.pool.id, req.instanceId, w.now);
+    const placement = await place(w.sql, w.ids, placeReq);
     return {
       nodeId: placement.nodeId,
       allocationId: placement.allocationId,
       addresses: [address],
       image,
-      runtime: deps.runtimes[0] ?? null,
+      runtime,
       converged: { steps, specGeneration: placement.specGeneration },
     };
   },
@@ -115,3 +130,23 @@ export const hostedDriver: PoolDriver = {
 
   reconcile: (w, inst, pool, deps) => reconcileHosted(w, inst, pool, deps.maxRecreateAttempts),
 };
+
+/** The address, then the node (only once the address is held), as CTEs of admission's last statement. */
+function deferredHold(w: Write, req: AdmitRequest, placeReq: PlaceRequest): DeferredHold {
+  const placement = placeInStatement(placeReq, w.ids("alloc"), "EXISTS (SELECT FROM lease)");
+  return {
+    params: [req.pool.id, req.instanceId, w.now, ...placement.params],
+    ctes: (p) => `lease AS (${leaseSql(p(1), p(2), p(3))}),
+       ${placement.ctes((k) => p(k + 3))},
+       held AS (SELECT claimed.id AS node_id, claimed.spec_generation AS generation, (SELECT array_agg(address) FROM lease) AS addresses,
+                       made.id AS allocation_id, made.vcpus, made.memory_mib, (SELECT id FROM pick) AS picked
+                  FROM (SELECT 1) one LEFT JOIN claimed ON true LEFT JOIN made ON true)`,
+    async refusal(sql, held) {
+      if (!held.addresses?.length) return noFreeAddress(req.pool.id);
+      if (!held.picked) return unschedulable(sql, placeReq);
+      // A node was picked and locked but no longer fit once free, and no other was tried: the write's retry
+      // places step by step, trying every node.
+      return new ContendedWrite(`placement of ${req.instanceId} lost its node to a concurrent create`);
+    },
+  };
+}

@@ -30,25 +30,69 @@ export interface PlaceRequest {
 
 const CANDIDATES = 8;
 
-// What a node must have free for the request; $1 pool, $2 vCPUs, $3 MiB, $4 GiB, $5 single-tenant, $6 tenant,
-// $7 the only node to consider (or null), $8 nodes to avoid. Lost and gone nodes take nothing new.
-const FITS = `n.pool_id = $1 AND n.state = 'ready' AND n.lost_at IS NULL AND n.gone_at IS NULL
-  AND ($7::text IS NULL OR n.id = $7) AND NOT (n.id = ANY($8::text[]))
-  AND n.cap_vcpus - n.alloc_vcpus >= $2 AND n.cap_memory_mib - n.alloc_memory_mib >= $3 AND n.cap_disk_gib - n.alloc_disk_gib >= $4
-  AND (NOT $5::boolean OR n.dedicated_tenant_id IS NULL OR n.dedicated_tenant_id = $6)`;
+// What a node must have free for the request; p(1) pool, p(2) vCPUs, p(3) MiB, p(4) GiB, p(5) single-tenant, p(6)
+// tenant, p(7) the only node to consider (or null), p(8) nodes to avoid. Lost and gone nodes take nothing new.
+const fits = (p: Placeholder) => `n.pool_id = ${p(1)} AND n.state = 'ready' AND n.lost_at IS NULL AND n.gone_at IS NULL
+  AND (${p(7)}::text IS NULL OR n.id = ${p(7)}) AND NOT (n.id = ANY(${p(8)}::text[]))
+  AND n.cap_vcpus - n.alloc_vcpus >= ${p(2)} AND n.cap_memory_mib - n.alloc_memory_mib >= ${p(3)} AND n.cap_disk_gib - n.alloc_disk_gib >= ${p(4)}
+  AND (NOT ${p(5)}::boolean OR n.dedicated_tenant_id IS NULL OR n.dedicated_tenant_id = ${p(6)})`;
+type Placeholder = (k: number) => string;
+const dollar: Placeholder = (k) => `$${k}`;
+const FITS = fits(dollar);
 
 // Claim the counters of the node for the request (and bump its spec generation when asked); re-checks the fit on
 // the row version it locked.
-const claim = (bumpSpec: boolean | undefined) => `UPDATE nodes n SET alloc_vcpus = alloc_vcpus + $2, alloc_memory_mib = alloc_memory_mib + $3,
-    alloc_disk_gib = alloc_disk_gib + $4, alloc_instances = alloc_instances + 1,
-    dedicated_tenant_id = CASE WHEN $5::boolean THEN $6 ELSE dedicated_tenant_id END${bumpSpec ? ", spec_generation = spec_generation + 1" : ""}`;
+const claim = (
+  bumpSpec: boolean | undefined,
+  p: Placeholder = dollar,
+) => `UPDATE nodes n SET alloc_vcpus = alloc_vcpus + ${p(2)}, alloc_memory_mib = alloc_memory_mib + ${p(3)},
+    alloc_disk_gib = alloc_disk_gib + ${p(4)}, alloc_instances = alloc_instances + 1,
+    dedicated_tenant_id = CASE WHEN ${p(5)}::boolean THEN ${p(6)} ELSE dedicated_tenant_id END${bumpSpec ? ", spec_generation = spec_generation + 1" : ""}`;
 
-/** One statement: lock the node `pick` selects, claim its counters (re-checking the fit), record the allocation ($9, for instance $10). */
-const claimOne = (pick: string, bumpSpec: boolean | undefined) => `WITH pick AS (${pick}),
-       claimed AS (${claim(bumpSpec)} FROM pick WHERE n.id = pick.id AND ${FITS} RETURNING n.id, n.spec_generation),
+// Nodes without a GPU first (GPU hosts stay free for GPU work), then the fullest that fits.
+const bestFit = (p: Placeholder) => `SELECT n.id FROM nodes n WHERE ${fits(p)}
+  ORDER BY (SELECT count(*) FROM node_gpus g WHERE g.node_id = n.id AND g.allocation_id IS NULL), n.cap_memory_mib - n.alloc_memory_mib, n.id`;
+
+/**
+ * The claim's CTEs, for one statement: `claimed` (the node's id and spec generation) and `made` (the
+ * allocation, p(9), for instance p(10)); `pick` the node locked for it. `pick` is the best fit no other
+ * create holds (SKIP LOCKED) or, when all are held, one at random, waited for, so waiters spread over the nodes
+ * instead of queueing on one; the lock re-checks the fit on the row as it is once free and moves on to the next
+ * node if it no longer fits. `pick` is empty when none fits.
+ */
+const claimCtes = (bumpSpec: boolean | undefined, p: Placeholder, guard = "true") => `pick AS (
+         SELECT COALESCE((${bestFit(p)} LIMIT 1 FOR UPDATE SKIP LOCKED),
+                         (SELECT n.id FROM nodes n WHERE ${fits(p)} ORDER BY random() LIMIT 1 FOR UPDATE)) AS id
+          WHERE ${guard}),
+       claimed AS (${claim(bumpSpec, p)} FROM pick WHERE n.id = pick.id AND ${fits(p)} RETURNING n.id, n.spec_generation),
        made AS (INSERT INTO allocations (id, node_id, instance_id, tenant_id, vcpus, memory_mib, disk_gib)
-         SELECT $9, claimed.id, $10, $6, $2, $3, $4 FROM claimed RETURNING node_id)
-       SELECT made.node_id, claimed.spec_generation AS generation FROM made JOIN claimed ON claimed.id = made.node_id`;
+         SELECT ${p(9)}, claimed.id, ${p(10)}, ${p(6)}, ${p(2)}, ${p(3)}, ${p(4)} FROM claimed RETURNING id, node_id, vcpus, memory_mib)`;
+
+const placeParams = (req: PlaceRequest, allocationId: string) => {
+  const s = req.shape;
+  return [
+    req.poolId,
+    s.vcpus,
+    s.memoryMib,
+    s.diskGib,
+    req.singleTenant,
+    req.tenantId,
+    req.onlyNodeId ?? null,
+    req.excludeNodeIds ?? [],
+    allocationId,
+    req.instanceId,
+  ];
+};
+
+/**
+ * A placement for a caller's own statement (admission's last one, so that the node's row is locked for that
+ * statement and its commit only): CTEs `pick`, `claimed`, `made` as claimCtes describes, taken only where
+ * `guard` holds; `params` are the values of p(1)…p(10). GPU requests are not placed this way (`place` does).
+ */
+export function placeInStatement(req: PlaceRequest, allocationId: string, guard: string): { ctes: (p: Placeholder) => string; params: unknown[] } {
+  if (req.shape.gpus.length) throw new Error("GPU placements take place(), which claims the GPUs row by row");
+  return { ctes: (p) => claimCtes(req.bumpSpec, p, guard), params: placeParams(req, allocationId) };
+}
 
 /**
  * Place an instance on one node of the pool, inside the caller's transaction.
@@ -62,29 +106,16 @@ const claimOne = (pick: string, bumpSpec: boolean | undefined) => `WITH pick AS 
  */
 export async function place(sql: Sql, ids: IdSource, req: PlaceRequest): Promise<Placement> {
   const s = req.shape;
-  const base = [req.poolId, s.vcpus, s.memoryMib, s.diskGib, req.singleTenant, req.tenantId, req.onlyNodeId ?? null, req.excludeNodeIds ?? []];
   const allocationId = ids("alloc");
+  const base = placeParams(req, allocationId).slice(0, 8);
 
   if (s.gpus.length === 0) {
     // The common case in one statement: pick, lock, claim and record the allocation.
-    const [fast] = await sql.query<{ node_id: string; generation: number }>(
-      claimOne(
-        `SELECT n.id FROM nodes n WHERE ${FITS}
-          ORDER BY (SELECT count(*) FROM node_gpus g WHERE g.node_id = n.id AND g.allocation_id IS NULL), n.cap_memory_mib - n.alloc_memory_mib, n.id
-          LIMIT 1 FOR UPDATE SKIP LOCKED`,
-        req.bumpSpec,
-      ),
-      [...base, allocationId, req.instanceId],
+    const [claimed] = await sql.query<{ node_id: string; generation: number }>(
+      `WITH ${claimCtes(req.bumpSpec, dollar)} SELECT made.node_id, claimed.spec_generation AS generation FROM made JOIN claimed ON claimed.id = made.node_id`,
+      placeParams(req, allocationId),
     );
-    if (fast) return { nodeId: fast.node_id, allocationId, specGeneration: fast.generation, gpus: [] };
-    // Every node that fits is held by another create at this instant: wait for one, picked at random so the
-    // waiters spread over the nodes instead of queueing on one. The lock re-checks the fit on the row as it is
-    // once free and moves on to the next node if it no longer fits; none left means none fits.
-    const [waited] = await sql.query<{ node_id: string; generation: number }>(
-      claimOne(`SELECT n.id FROM nodes n WHERE ${FITS} ORDER BY random() LIMIT 1 FOR UPDATE`, req.bumpSpec),
-      [...base, allocationId, req.instanceId],
-    );
-    if (waited) return { nodeId: waited.node_id, allocationId, specGeneration: waited.generation, gpus: [] };
+    if (claimed) return { nodeId: claimed.node_id, allocationId, specGeneration: claimed.generation, gpus: [] };
     throw await unschedulable(sql, req);
   }
 
@@ -167,7 +198,7 @@ export async function releaseAllocation(sql: Sql, allocationId: string): Promise
 }
 
 /** Say why nothing fits, in words an operator can act on. */
-async function unschedulable(sql: Sql, req: PlaceRequest): Promise<AppError> {
+export async function unschedulable(sql: Sql, req: PlaceRequest): Promise<AppError> {
   const s = req.shape;
   const want = `${s.vcpus} vCPU, ${s.memoryMib} MiB, ${s.diskGib} GiB${s.gpus.map((g) => `, ${g.count}× ${g.model}`).join("")}`;
   const [stats] = await sql.query<{ ready: number; vcpus: number | null; mem: string | null; disk: string | null }>(

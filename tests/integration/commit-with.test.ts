@@ -1,0 +1,89 @@
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import type { Sql } from "../../core/kernel/db.ts";
+import { type Database, openDatabase } from "../../infra/db/index.ts";
+import { cloneDatabase } from "../support/pg.ts";
+
+// Sql.commitWith sends its parameters as quoted literals of an EXECUTE (infra/db/index.ts), not apart from the
+// query: every kind of value admission sends must come back exactly as it went, whatever characters it holds.
+let clone: Awaited<ReturnType<typeof cloneDatabase>>;
+let db: Database;
+beforeAll(async () => {
+  clone = await cloneDatabase();
+  db = await openDatabase({ databaseUrl: clone.url, poolSize: 1 });
+  await db.read((sql) =>
+    sql.query(`CREATE TABLE cw (id serial PRIMARY KEY, t text, n int, b bigint, f double precision, ok boolean, at timestamptz,
+                               arr text[], nums bigint[], bytes bytea, doc jsonb)`),
+  );
+});
+afterAll(async () => {
+  await db?.close();
+  await clone?.drop();
+});
+
+const INSERT = `INSERT INTO cw (t, n, b, f, ok, at, arr, nums, bytes, doc) VALUES ($1, $2, $3, $4, $5, $6, $7::text[], $8::bigint[], $9, $10::jsonb)
+  RETURNING t, n, b::text AS b, f, ok, at, arr, nums::text[] AS nums, bytes, doc`;
+
+const commitWith = (sql: Sql) => {
+  if (!sql.commitWith) throw new Error("no commitWith on PostgreSQL");
+  return sql.commitWith.bind(sql);
+};
+
+describe("Sql.commitWith", () => {
+  it("sends every kind of value admission sends, whatever it holds, and commits with the statement", async () => {
+    const awkward = `it's "quoted", back\\slash\\\\, {braces}, comma, 'single' '' ; COMMIT; -- é ✓ \n\t$1 E'\\x41'`;
+    const values = [
+      awkward,
+      -42,
+      "9007199254740993",
+      1.5,
+      false,
+      new Date("2026-12-02T10:30:00.123Z"),
+      [awkward, "NULL", "", " spaced ", "a,b", "{x}", 'q"q', "back\\slash", null],
+      [1, -2, 3],
+      Buffer.from(Array.from({ length: 256 }, (_, i) => i)),
+      JSON.stringify({ key: awkward, n: [1, null] }),
+    ];
+    const [row] = await db.transaction((sql) => commitWith(sql)<Record<string, unknown>>(INSERT, values));
+    expect(row).toEqual({
+      t: awkward,
+      n: -42,
+      b: "9007199254740993",
+      f: 1.5,
+      ok: false,
+      at: values[5],
+      arr: values[6],
+      nums: ["1", "-2", "3"],
+      bytes: values[8],
+      doc: { key: awkward, n: [1, null] },
+    });
+    // Committed: another connection sees it.
+    const [seen] = await db.read((sql) => sql.query<{ n: number }>(`SELECT count(*)::int AS n FROM cw WHERE t = $1`, [awkward]));
+    expect(seen?.n).toBe(1);
+    // Empty and null arrays, null scalars; and the statement prepared on this connection serves again.
+    const [empty] = await db.transaction((sql) => commitWith(sql)<Record<string, unknown>>(INSERT, [null, null, null, null, null, null, [], null, null, null]));
+    expect(empty).toMatchObject({ t: null, n: null, arr: [], nums: null, bytes: null });
+  });
+
+  it("rolls the whole transaction back when the statement fails, and ends it either way", async () => {
+    const marker = `rollback-${Date.now()}`;
+    await expect(
+      db.transaction(async (sql) => {
+        await sql.query(`INSERT INTO cw (t) VALUES ($1)`, [marker]);
+        // n is an int: the statement fails inside PostgreSQL, after the first insert ran.
+        return commitWith(sql)(`INSERT INTO cw (t, n) VALUES ($1, $2) RETURNING id`, [marker, "not a number"]);
+      }),
+    ).rejects.toThrow(/invalid input syntax/);
+    const [left] = await db.read((sql) => sql.query<{ n: number }>(`SELECT count(*)::int AS n FROM cw WHERE t = $1`, [marker]));
+    expect(left?.n).toBe(0);
+
+    // After it commits, the write is over: a further statement would run outside it, so it is refused.
+    await expect(
+      db.transaction(async (sql) => {
+        await commitWith(sql)(`INSERT INTO cw (t) VALUES ($1) RETURNING id`, [marker]);
+        await sql.query(`INSERT INTO cw (t) VALUES ($1)`, [marker]);
+      }),
+    ).rejects.toThrow(/committed by its last statement/);
+    const [kept] = await db.read((sql) => sql.query<{ n: number }>(`SELECT count(*)::int AS n FROM cw WHERE t = $1`, [marker]));
+    expect(kept?.n).toBe(1);
+  });
+});
