@@ -12,7 +12,10 @@ const { values } = parseArgs({
     hosts: { type: "string", default: "3" },
     sizes: { type: "string", default: "100,500,1000,2000" },
     concurrency: { type: "string", default: "16" },
-    /** Latency mode: this many creates one after another on an idle platform, each timed to its RUNNING event. */
+    /**
+     * Latency mode: this many creates one after another on an idle platform, each timed to its RUNNING event,
+     * then paused and resumed, each timed to its PAUSED and RUNNING event (the power commands' round trip).
+     */
     latency: { type: "string" },
   },
 });
@@ -94,30 +97,44 @@ async function latency(n: number) {
   const { instanceEventsCursor: after } = await api.tenant.request(bc.InstanceEventsCursorDocument);
   const events = (async () => {
     for await (const e of bc.watchInstanceEvents({ url: api.url, token: api.tenantToken, after, signal: stop.signal })) {
-      if (e.toState !== "RUNNING" && e.toState !== "DELETED") continue;
+      // Arrivals in a state, not changes of the desired state (a pause request is an event in RUNNING too).
+      if ((e.toState !== "RUNNING" && e.toState !== "DELETED" && e.toState !== "PAUSED") || e.fromState === e.toState) continue;
       const key = `${e.toState} ${e.instance.id}`;
       const wake = waiting.get(key);
       if (wake) wake(performance.now());
       else arrived.set(key, performance.now());
     }
   })();
-  const reached = (key: string) =>
-    arrived.get(key) ??
-    new Promise<number>((resolve, reject) => {
-      const t = setTimeout(() => reject(new Error(`${key} not seen within 10 s`)), 10_000);
-      waiting.set(key, (when) => {
-        clearTimeout(t);
-        waiting.delete(key);
-        resolve(when);
-      });
-    });
+  const reached = (key: string) => {
+    const early = arrived.get(key);
+    arrived.delete(key);
+    return (
+      early ??
+      new Promise<number>((resolve, reject) => {
+        const t = setTimeout(() => reject(new Error(`${key} not seen within 10 s`)), 10_000);
+        waiting.set(key, (when) => {
+          clearTimeout(t);
+          waiting.delete(key);
+          resolve(when);
+        });
+      })
+    );
+  };
   const times: number[] = [];
+  const pauses: number[] = [];
+  const resumes: number[] = [];
   for (let k = 0; k < n; k++) {
     const start = performance.now();
     const { createInstance: inst } = await api.tenant.request(bc.CreateInstanceDocument, {
       input: { poolId: api.poolId, flavor: "tiny", imageId: api.imageId, idempotencyKey: `l${k}` },
     });
     times.push((await reached(`RUNNING ${inst.id}`)) - start);
+    const pausing = performance.now();
+    await api.tenant.request(bc.PauseInstanceDocument, { id: inst.id });
+    pauses.push((await reached(`PAUSED ${inst.id}`)) - pausing);
+    const resuming = performance.now();
+    await api.tenant.request(bc.StartInstanceDocument, { id: inst.id });
+    resumes.push((await reached(`RUNNING ${inst.id}`)) - resuming);
     await api.tenant.request(bc.DeleteInstanceDocument, { id: inst.id });
     await reached(`DELETED ${inst.id}`);
   }
@@ -133,8 +150,15 @@ async function latency(n: number) {
     ),
   );
   await close();
-  const q = (p: number) => times.toSorted((a, b) => a - b)[Math.min(times.length - 1, Math.floor(p * times.length))] as number;
-  return { p50: q(0.5), p99: q(0.99), max: Math.max(...times), steps };
+  const q = (xs: number[], p: number) => xs.toSorted((a, b) => a - b)[Math.min(xs.length - 1, Math.floor(p * xs.length))] as number;
+  return {
+    p50: q(times, 0.5),
+    p99: q(times, 0.99),
+    max: Math.max(...times),
+    pause: { p50: q(pauses, 0.5), p99: q(pauses, 0.99) },
+    resume: { p50: q(resumes, 0.5), p99: q(resumes, 0.99) },
+    steps,
+  };
 }
 
 if (values.latency) {
@@ -143,6 +167,7 @@ if (values.latency) {
   const r = await latency(n);
   const lines = [
     `create → RUNNING event on a subscription: p50 ${r.p50.toFixed(1)} ms, p99 ${r.p99.toFixed(1)} ms, max ${r.max.toFixed(1)} ms (goal p50 ≤ 30, p99 ≤ 100)`,
+    `pause → PAUSED: p50 ${r.pause.p50.toFixed(1)} ms, p99 ${r.pause.p99.toFixed(1)} ms; resume → RUNNING: p50 ${r.resume.p50.toFixed(1)} ms, p99 ${r.resume.p99.toFixed(1)} ms (the fake runtime's calls take ~0 ms)`,
     "median time since the previous event, by transition:",
     ...r.steps.map((s) => `  ${s.step.padEnd(36)} ${s.ms.toFixed(1).padStart(7)} ms`),
   ];

@@ -103,8 +103,8 @@ export async function writeChange(w: Write, inst: Instance, set: InstanceSet, re
 }
 
 /**
- * The bus message for a change. `cursor` holds the event row's id until the write's last statement gives the
- * event its position (core/kernel/write.ts).
+ * The bus message for a change. `cursor` holds the event row's id until, once the write has committed, the
+ * sequencer gives the event its position (positionEvents in core/kernel/write.ts).
  */
 export function eventMessage(inst: Instance, from: string | null, eventId: string): InstanceEventMessage {
   return {

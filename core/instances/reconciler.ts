@@ -1,6 +1,6 @@
 import { isAppError } from "../../contracts/errors.ts";
 import type { Write } from "../kernel/write.ts";
-import type { DriverDeps } from "../pools/driver.ts";
+import type { DriverDeps, Pool } from "../pools/driver.ts";
 import { getPool } from "../pools/pools.ts";
 import { driverFor } from "../pools/registry.ts";
 import { lockInstance } from "./changes.ts";
@@ -13,6 +13,16 @@ import { settleCommands } from "./snapshots.ts";
  * changed (null otherwise), so a stale or duplicate wake-up does nothing.
  */
 export async function reconcileOnce(w: Write, deps: DriverDeps, instanceId: string): Promise<Instance | null> {
+  const held = await lockForPass(w, instanceId);
+  return held ? step(w, deps, held) : null;
+}
+
+interface Held {
+  inst: Instance;
+  pool: Pool;
+}
+
+async function lockForPass(w: Write, instanceId: string): Promise<Held | null> {
   let inst: Instance;
   try {
     inst = await lockInstance(w, null, instanceId);
@@ -20,10 +30,13 @@ export async function reconcileOnce(w: Write, deps: DriverDeps, instanceId: stri
     if (isAppError(e, "NOT_FOUND")) return null;
     throw e;
   }
+  const pool = await getPool(w.sql, inst.poolId);
+  return pool ? { inst, pool } : null;
+}
+
+async function step(w: Write, deps: DriverDeps, { inst, pool }: Held): Promise<Instance | null> {
   const settled = await settleCommands(w, inst);
   if (settled) return settled;
-  const pool = await getPool(w.sql, inst.poolId);
-  if (!pool) return null;
   return driverFor(pool.class).reconcile(w, inst, pool, deps);
 }
 
@@ -32,14 +45,17 @@ const MAX_STEPS = 16;
 
 /**
  * Every guarded step the instance's situation proves, in the Write's one transaction, until it has nothing left
- * to do without news from its host: each step re-reads the row under the lock the pass holds and writes its own
- * event, in order, and the host hears of the result once, at commit. Returns the instance if anything changed.
- * A pass that ran out of steps wakes the instance again; one that ran out of things to do does not.
+ * to do without news from its host: the row is locked once and each step works on the row the previous one
+ * wrote (every step returns the instance as its UPDATE left it) and writes its own event, in order; the host
+ * hears of the result once, at commit. Returns the instance if anything changed. A pass that ran out of steps
+ * wakes the instance again; one that ran out of things to do does not.
  */
 export async function reconcilePass(w: Write, deps: DriverDeps, instanceId: string): Promise<Instance | null> {
+  const held = await lockForPass(w, instanceId);
+  if (!held) return null;
   let last: Instance | null = null;
-  for (let step = 0; step < MAX_STEPS; step++) {
-    const next = await reconcileOnce(w, deps, instanceId);
+  for (let n = 0; n < MAX_STEPS; n++) {
+    const next = await step(w, deps, last ? { ...held, inst: last } : held);
     if (!next) {
       w.settle(instanceId);
       break;
