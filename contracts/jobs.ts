@@ -11,6 +11,7 @@ interface Settings {
   hosts: { sweepMs: number };
   sandboxes: { sweepMs: number };
   providers: { sweepMs: number };
+  retention: { sweepMs: number };
 }
 
 const instanceId = z.string().regex(/^inst_[a-z2-7]{52}$/);
@@ -95,6 +96,18 @@ export const jobCatalog = {
     backoffMs: 5000,
     concurrency: 1,
     everyMs: () => 5 * 60_000,
+  },
+  /**
+   * Retention: delete instance events, audit rows and settled host commands older than the configured time, in
+   * batches (core/books/retention.ts). One run at a time; a run that dies has deleted whole batches.
+   */
+  "vps.retention": {
+    payload: z.object({}),
+    jobId: () => "retention",
+    attempts: 1,
+    backoffMs: 5000,
+    concurrency: 1,
+    everyMs: (c: Settings) => c.retention.sweepMs,
   },
   /**
    * The safety net: silent nodes become lost, orphans past their grace are removed, specs an agent has not

@@ -39,6 +39,7 @@ export interface ConfigFile {
   providers?: Partial<Config["providers"]>;
   sandboxes?: Partial<Config["sandboxes"]>;
   live?: { bufferEvents?: number; keepAliveMs?: number; reauthMs?: number; pollMs?: number };
+  retention?: Partial<Config["retention"]>;
   limits?: Partial<Config["limits"]>;
   vps?: {
     runtimes?: string[];
@@ -147,6 +148,21 @@ const schema = z.object({
       pollMs: z.coerce.number().int().min(10).default(1000),
     })
     .prefault({}),
+  /**
+   * How long history is kept (core/books/retention.ts): instance events, audit rows, and host commands once
+   * settled. Older rows are deleted in batches by `vps.retention`; usage records are the bill and are kept.
+   */
+  retention: z
+    .object({
+      eventsDays: z.coerce.number().min(0.0001).default(30),
+      auditDays: z.coerce.number().min(0.0001).default(400),
+      commandsDays: z.coerce.number().min(0.0001).default(30),
+      /** How often the pruning runs. */
+      sweepMs: z.coerce.number().int().min(100).default(600_000),
+      /** Rows per delete: each batch is its own short transaction, so writers never wait long behind one. */
+      batch: z.coerce.number().int().min(1).max(100_000).default(5000),
+    })
+    .prefault({}),
   /** What one request, and one credential, may cost (docs/architecture.md, Limits). */
   limits: z
     .object({
@@ -242,6 +258,13 @@ export function readEnv(env: NodeJS.ProcessEnv): Record<string, unknown> {
       createLeaseMs: env.PROVIDER_CREATE_LEASE_MS,
     }),
     live: prune({ bufferEvents: env.LIVE_BUFFER_EVENTS, keepAliveMs: env.WS_KEEPALIVE_MS, reauthMs: env.LIVE_REAUTH_MS, pollMs: env.LIVE_POLL_MS }),
+    retention: prune({
+      eventsDays: env.RETENTION_EVENTS_DAYS,
+      auditDays: env.RETENTION_AUDIT_DAYS,
+      commandsDays: env.RETENTION_COMMANDS_DAYS,
+      sweepMs: env.RETENTION_SWEEP_MS,
+      batch: env.RETENTION_BATCH,
+    }),
     limits: prune({
       depth: env.LIMIT_DEPTH,
       aliases: env.LIMIT_ALIASES,
@@ -280,6 +303,7 @@ export function parseConfig(file: ConfigFile = {}, env: NodeJS.ProcessEnv = {}):
     providers: { ...file.providers, ...(fromEnv.providers as object | undefined) },
     sandboxes: { ...file.sandboxes, ...(fromEnv.sandboxes as object | undefined) },
     live: { ...file.live, ...(fromEnv.live as object | undefined) },
+    retention: { ...file.retention, ...(fromEnv.retention as object | undefined) },
     limits: { ...file.limits, ...(fromEnv.limits as object | undefined) },
     vps: { ...file.vps, ...(fromEnv.vps as object | undefined) },
   };

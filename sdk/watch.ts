@@ -12,8 +12,9 @@ export interface WatchOptions {
   /** Called before each reconnect, with why the last connection ended. */
   onReconnect?: (why: { code: number | null; reason: string; attempt: number }) => void;
   /**
-   * Called when the server no longer knows the cursor (it is ahead of every event, as after a restore from
-   * backup): the watch goes on from now, and events in between may be missed, so re-read the state you keep.
+   * Called when the server cannot resume from the cursor (it is ahead of every event, as after a restore from
+   * backup, or older than the history the server keeps): the watch goes on from now, and events in between are
+   * missed, so re-read the state you keep.
    */
   onResync?: (why: { cursor: string | null; message: string }) => void;
   /** Reconnects in a row before giving up (default: forever). */

@@ -1,6 +1,7 @@
 import type { Platform } from "../infra/platform.ts";
 import { sweepProviders } from "./jobs/providers.ts";
 import { reconcileInstance } from "./jobs/reconcile-instance.ts";
+import { prune } from "./jobs/retention.ts";
 import { expireSandbox, tendSandboxes } from "./jobs/sandboxes.ts";
 import { sweep } from "./jobs/sweep.ts";
 import { tearDownTenant } from "./jobs/tenants.ts";
@@ -19,6 +20,7 @@ export function startWorker(platform: Platform) {
       "vps.sandbox.expire": (p) => expireSandbox(platform, p.sandboxId),
       "vps.sweep": () => sweep(platform),
       "vps.usage": () => meter(platform),
+      "vps.retention": () => prune(platform),
       "vps.tenants": (p) => tearDownTenant(platform, p.tenantId),
     },
     platform.config,

@@ -1,4 +1,5 @@
 import type { Principal } from "../../core/auth/principal.ts";
+import { eventsHorizon } from "../../core/books/retention.ts";
 import { type EventFilter, headPosition, readEvents, type WatchedEvent } from "../../core/instances/events.ts";
 import type { Platform } from "../../infra/platform.ts";
 import { EventFeed, type Sink } from "./feed.ts";
@@ -202,7 +203,14 @@ export class LiveHub {
       let last = after ?? this.feed.head;
       while (last < this.feed.head) {
         const target = this.feed.head;
-        const page = await this.platform.read((sql) => readEvents(sql, filter, last, target, PAGE));
+        const from = last;
+        const page = await this.platform.read((sql) => readEvents(sql, filter, from, target, PAGE));
+        // Retention may have deleted events after the cursor before this page was read (a resume, not "0", which
+        // asks for whatever is kept): the client comes back with its cursor and is told to start from now.
+        if (after !== null && after > 0n && (await this.platform.read(eventsHorizon)) > from) {
+          conn.end(CloseCode.slowConsumer, "events after the cursor were pruned while it replayed");
+          return;
+        }
         for (const e of page) {
           if (stream.ended) return;
           yield e;

@@ -1,5 +1,6 @@
 import { AppError } from "../../contracts/errors.ts";
 import { requireRead } from "../../core/auth/principal.ts";
+import { eventsHorizon } from "../../core/books/retention.ts";
 import { cursorOf, type EventFilter, eventFilter, headPosition, instanceFilter, parseCursor, type WatchedEvent } from "../../core/instances/events.ts";
 import type { Context } from "../context.ts";
 import { builder } from "./builder.ts";
@@ -32,7 +33,10 @@ const InstanceEvent = builder.objectRef<WatchedEvent>("InstanceEvent").implement
   }),
 });
 
-/** The event feed for a filter, from a cursor (refused when the cursor is ahead of every event). Shared with sandboxEvents. */
+/**
+ * The event feed for a filter, from a cursor (refused when the cursor is ahead of every event, or older than the
+ * history retention keeps). Shared with sandboxEvents.
+ */
 export async function watch(ctx: Context, filter: EventFilter, after: string | null | undefined) {
   if (!ctx.live) throw new AppError("UNSUPPORTED", "subscriptions run over the websocket (graphql-ws) on the same URL");
   const from = after ? parseCursor(after) : null;
@@ -42,6 +46,15 @@ export async function watch(ctx: Context, filter: EventFilter, after: string | n
     throw new AppError("PRECONDITION_FAILED", `cursor ${after} is ahead of the newest event; subscribe again without one (from now) and re-read state`, {
       cursor: "ahead",
     });
+  }
+  // A cursor below what retention has deleted would skip the pruned events. "0" asks for all there is, so it
+  // is not refused: it replays what is kept.
+  if (from !== null && from > 0n && from < (await ctx.platform.read(eventsHorizon))) {
+    throw new AppError(
+      "PRECONDITION_FAILED",
+      `cursor ${after} is older than the event history kept (retention); subscribe again without one (from now) and re-read state`,
+      { cursor: "expired" },
+    );
   }
   return ctx.live.hub.watch(ctx.live.conn, filter, from);
 }

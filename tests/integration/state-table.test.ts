@@ -296,6 +296,7 @@ describe.each([
       "vps.sandboxes": async () => {},
       "vps.sandbox.expire": async () => {},
       "vps.usage": async () => {},
+      "vps.retention": async () => {},
       "vps.tenants": async () => {},
     };
     const worker = await h.platform.jobs.run(handlers, h.platform.config, h.platform.log);
