@@ -5,7 +5,7 @@ import { parseArgs } from "node:util";
 import { startAgent } from "../agent/index.ts";
 import { createFakeRuntime } from "../agent/runtimes/fake/index.ts";
 import * as bc from "../sdk/client.ts";
-import { benchApi } from "./lib.ts";
+import { benchApi, inParallel } from "./lib.ts";
 
 const { values } = parseArgs({
   options: {
@@ -64,15 +64,9 @@ async function once(n: number) {
     (await api.platform.read((sql) => sql.query<{ n: number }>(`SELECT count(*)::int AS n FROM instances WHERE state = 'running'`)))[0]?.n ?? 0;
 
   const start = performance.now();
-  let next = 0;
-  await Promise.all(
-    Array.from({ length: concurrency }, async () => {
-      while (next < n) {
-        const k = next++;
-        await api.tenant.request(bc.CreateInstanceDocument, { input: { poolId: api.poolId, flavor: "tiny", imageId: api.imageId, idempotencyKey: `b${k}` } });
-      }
-    }),
-  );
+  await inParallel(n, concurrency, async (k) => {
+    await api.tenant.request(bc.CreateInstanceDocument, { input: { poolId: api.poolId, flavor: "tiny", imageId: api.imageId, idempotencyKey: `b${k}` } });
+  });
   const created = (performance.now() - start) / 1000;
   while ((await running()) < n) {
     if (performance.now() - start > 20 * 60_000) throw new Error(`only ${await running()} of ${n} running after 20 minutes`);

@@ -32,7 +32,7 @@ import { WebSocket } from "ws";
 import { admitInstance } from "../core/instances/admission.ts";
 import { setDesiredState } from "../core/instances/lifecycle.ts";
 import { admissionDeps, hostedFixture } from "./fixture.ts";
-import { benchArgs, benchPlatform, percentile, rssOf } from "./lib.ts";
+import { benchArgs, benchPlatform, inParallel, percentile, rssOf } from "./lib.ts";
 
 const POOL_QUERY = "subscription($poolId: ID) { instanceEvents(poolId: $poolId) { cursor toState desiredState version at instance { id state } } }";
 const INSTANCE_QUERY = "subscription($id: ID!) { instanceChanged(id: $id) { cursor toState desiredState version at instance { id state } } }";
@@ -82,16 +82,6 @@ async function startServerProcess(env: NodeJS.ProcessEnv, compiled: boolean): Pr
     await sleep(50);
   }
   return { child, url: /GraphQL:\s+(\S+)/.exec(out)?.[1] as string };
-}
-
-/** Run `task(i)` for i < n, at most `width` at once. */
-async function inParallel(n: number, width: number, task: (i: number) => Promise<void>): Promise<void> {
-  let next = 0;
-  await Promise.all(
-    Array.from({ length: Math.min(width, n) }, async () => {
-      while (next < n) await task(next++);
-    }),
-  );
 }
 
 // ---- Subscribers: in a child process (or this one), reporting to the writer over IPC. ----

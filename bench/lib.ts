@@ -214,3 +214,13 @@ export async function benchApi(opts: {
     },
   };
 }
+
+/** Run `task(i)` for i < n, at most `width` at once. */
+export async function inParallel(n: number, width: number, task: (i: number) => Promise<void>): Promise<void> {
+  let next = 0;
+  await Promise.all(
+    Array.from({ length: Math.min(width, n) }, async () => {
+      while (next < n) await task(next++);
+    }),
+  );
+}
