@@ -2,6 +2,7 @@ import { mkdir, readdir, readFile, rename, rm, writeFile } from "node:fs/promise
 import { join } from "node:path";
 import type { CommandReport, HostCommand } from "../contracts/host.ts";
 import { PRIVATE_DIR, PRIVATE_FILE } from "./runtimes/files.ts";
+import type { DomainStatus } from "./runtimes/runtime.ts";
 
 /** What the host remembers of a command, so a command delivered again (after any restart) runs once. */
 export interface CommandJournal {
@@ -13,6 +14,11 @@ export interface CommandJournal {
   confirmed: boolean;
   startedAt: string;
   finishedAt: string | null;
+  /**
+   * The domain as it was when the command first began (a snapshot or a restore): what reports show while the
+   * command holds it, also after a crash, when the domain may be halfway through the command (a save leaves it off).
+   */
+  pinned?: DomainStatus;
 }
 
 /** The journals in one directory, a file per command. */

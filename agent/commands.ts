@@ -206,13 +206,19 @@ export class CommandRunner {
     if (command.kind === "instance.exec") return this.runExec(j, command);
     this.deliver({ id: command.id, state: "running", result: null, error: null });
     const lease = await this.o.locks.acquire(command.args.instanceId);
+    // Reports show a snapshotted or restored domain as it was when the command began: on a run after a crash,
+    // as the journal remembers it (the domain itself may be halfway, a save leaves it off), pinned before
+    // anything else can look.
+    if (j.pinned) lease.pin(j.pinned);
     taken();
     let outcome: Outcome;
     try {
-      // Reports show a snapshotted or restored domain as it was when the command began.
-      if (command.kind !== "instance.resume" && command.kind !== "instance.pause") {
+      if (!j.pinned && command.kind !== "instance.resume" && command.kind !== "instance.pause") {
         const before = (await this.o.runtime.list()).find((d) => d.id === command.args.instanceId);
-        if (before) lease.pin(before);
+        if (before) {
+          lease.pin(before);
+          await this.journal.write({ ...j, pinned: before });
+        }
       }
       outcome = { state: "succeeded", result: await this.execute(command), error: null };
     } catch (e) {

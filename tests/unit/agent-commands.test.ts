@@ -189,6 +189,40 @@ describe("host commands", () => {
     expect(existsSync(join(fakeDir, "snapshots", A, "snap_died"))).toBe(true);
   });
 
+  it("reports a domain a command the agent died running holds as it was when the command first began", async () => {
+    const rt = await host({ delays: { snapshot: 400 } });
+    const locks = new InstanceLocks();
+    const converger = new Converger(rt, () => {}, locks);
+    const before = (await converger.report(1)).instances.find((i) => i.id === A);
+    // What a crash in the middle of a save leaves: the journal (with the domain as the command found it) and a
+    // domain that no longer looks as it did (a save leaves it off; paused here, which a snapshot still takes).
+    const died = command("cmd_pinned", "instance.snapshot", A, "snap_pinned");
+    mkdirSync(join(root, "commands"), { recursive: true });
+    const { addresses: _, ...status } = before as NonNullable<typeof before>;
+    writeFileSync(
+      join(root, "commands", "cmd_pinned.json"),
+      JSON.stringify({
+        command: died,
+        state: "running",
+        result: null,
+        error: null,
+        confirmed: false,
+        startedAt: new Date().toISOString(),
+        finishedAt: null,
+        pinned: { ...status, addresses: before?.addresses ?? [] },
+      }),
+    );
+    await rt.pause(A);
+    const { r, sent } = runner(rt, { locks });
+    await r.recover();
+    // Held from here until the command ends, and shown running, not as the runtime sees it.
+    const during = (await converger.report(2)).instances.find((i) => i.id === A);
+    expect(during?.state).toBe("running");
+    await r.settled();
+    await until("the final report", () => finals(sent).length > 0);
+    expect(finals(sent)[0]).toMatchObject({ id: "cmd_pinned", state: "succeeded" });
+  });
+
   it("the converger skips an instance a command holds, reports it as it was, and converges it once the command ends", async () => {
     // The fake keeps the domain stopped (saved) for the snapshot's delay, as libvirt does.
     const rt = await host({ delays: { snapshot: 400 } });
