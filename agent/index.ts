@@ -40,6 +40,7 @@ interface Identity {
 }
 
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
+const REQUEST_TIMEOUT_MS = 15_000;
 
 /**
  * A host agent: joins once, then subscribes to its node's spec, converges the runtime to the newest spec it
@@ -50,7 +51,9 @@ const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
 export async function startAgent(opts: AgentOptions) {
   const log = opts.log ?? (() => {});
   const identity = await ensureIdentity(opts, log);
-  const http = createClient({ url: opts.server, token: identity.credential });
+  // A request the server never answers (a connection lost on the way, a server stuck) must not silence the host:
+  // reports and command reports give up, and the next report or retry goes on a new request.
+  const http = createClient({ url: opts.server, token: identity.credential, timeoutMs: REQUEST_TIMEOUT_MS });
   const locks = new InstanceLocks();
   const converger = new Converger(opts.runtime, (id, e) => log("runtime refused", { id, err: String(e) }), locks);
   const commands = new CommandRunner({

@@ -30,6 +30,9 @@ export async function openBus(opts: { redisUrl?: string; prefix: string }): Prom
   // Connect both clients before building the target, or the first messages can be lost (docs/architecture.md, Pitfalls).
   const publishClient = new Redis(opts.redisUrl, { lazyConnect: true });
   const subscribeClient = new Redis(opts.redisUrl, { lazyConnect: true });
+  // ioredis reconnects (and resubscribes) by itself; without a listener it prints every failed attempt while
+  // Redis is away. Readiness (/readyz pings it) is where an unreachable Redis shows.
+  for (const c of [publishClient, subscribeClient]) c.on("error", () => {});
   await Promise.all([publishClient.connect(), subscribeClient.connect()]);
   const pubsub = createPubSub({ eventTarget: createRedisEventTarget({ publishClient, subscribeClient }) });
   return {

@@ -57,7 +57,8 @@ export function bullJobs(opts: { redisUrl: string; prefix: string }): Jobs {
   };
   let redis: Redis | null = null;
   const marks = () => {
-    redis ??= new Redis(opts.redisUrl);
+    // Reconnects by itself; a mark that fails while Redis is away fails its enqueue, which the sweep covers.
+    redis ??= new Redis(opts.redisUrl).on("error", () => {});
     return redis;
   };
   const wokenKey = (name: JobName, id: string) => `${opts.prefix}:woken:${queueName(name)}:${id}`;

@@ -14,6 +14,8 @@ export interface ClientOptions {
   headers?: Record<string, string>;
   /** Another fetch (a proxy agent, a recorder); the global one by default. */
   fetch?: typeof fetch;
+  /** Give up on a request (it rejects) after this long without its whole answer; no limit by default. */
+  timeoutMs?: number;
 }
 
 const printed = new WeakMap<DocumentNode, string>();
@@ -38,6 +40,7 @@ export function createClient(opts: ClientOptions) {
           ...opts.headers,
         },
         body: JSON.stringify({ query: source(doc), variables: vars[0] ?? {} }),
+        ...(opts.timeoutMs ? { signal: AbortSignal.timeout(opts.timeoutMs) } : {}),
       });
       const text = await res.text();
       let body: { data?: R | null; errors?: SdkError["errors"] };

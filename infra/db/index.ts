@@ -98,7 +98,7 @@ export async function openDatabase(opts: DatabaseOptions): Promise<Database> {
         };
       },
       session: async (fn) => {
-        const client = await pool.connect();
+        const { client, release } = await checkout(pool);
         try {
           return await fn({
             exec: async (sql) => {
@@ -107,7 +107,7 @@ export async function openDatabase(opts: DatabaseOptions): Promise<Database> {
             query: async <T>(sql: string, params?: unknown[]) => (await client.query(sql, params)).rows as T[],
           });
         } finally {
-          client.release();
+          release();
         }
       },
       close: async () => {
@@ -175,8 +175,30 @@ const pgQuery = (pool: pg.Pool): Sql => ({
   query: async <T>(text: string, params?: readonly unknown[]) => (await pool.query(prepared(text, params))).rows as T[],
 });
 
-async function pgTransaction<T>(pool: pg.Pool, fn: (sql: Sql) => Promise<T>): Promise<T> {
+/**
+ * A client checked out of the pool, with a listener for its connection's errors while it is out: the pool
+ * listens only to idle clients, and a connection the server cuts between two statements (a restart, a
+ * failover, pg_terminate_backend) would otherwise emit an error nobody handles, which ends the process. The
+ * next statement on it fails instead, and `release` destroys it rather than pooling it again.
+ */
+async function checkout(pool: pg.Pool): Promise<{ client: pg.PoolClient; release(): void }> {
   const client = await pool.connect();
+  let broken: Error | undefined;
+  const onError = (e: Error) => {
+    broken = e;
+  };
+  client.on("error", onError);
+  return {
+    client,
+    release() {
+      client.off("error", onError);
+      client.release(broken);
+    },
+  };
+}
+
+async function pgTransaction<T>(pool: pg.Pool, fn: (sql: Sql) => Promise<T>): Promise<T> {
+  const { client, release } = await checkout(pool);
   let open = false;
   let committedEarly = false;
   const sql: Sql = {
@@ -211,7 +233,7 @@ async function pgTransaction<T>(pool: pg.Pool, fn: (sql: Sql) => Promise<T>): Pr
     if (open) await client.query("ROLLBACK").catch(() => {});
     throw e;
   } finally {
-    client.release();
+    release();
   }
 }
 

@@ -20,7 +20,8 @@ export async function openRates(config: Pick<Config, "limits" | "redisUrl" | "re
   let redis: Redis | null = null;
   let limiter: RateLimiterMemory | RateLimiterRedis = memory;
   if (config.redisUrl) {
-    redis = new Redis(config.redisUrl, { lazyConnect: true, enableOfflineQueue: false, maxRetriesPerRequest: 1 });
+    // Reconnects by itself; while Redis is away the insurance limiter (memory) takes over.
+    redis = new Redis(config.redisUrl, { lazyConnect: true, enableOfflineQueue: false, maxRetriesPerRequest: 1 }).on("error", () => {});
     await redis.connect();
     limiter = new RateLimiterRedis({ ...opts, storeClient: redis, rejectIfRedisNotReady: true, insuranceLimiter: memory });
   }

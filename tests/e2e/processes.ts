@@ -71,7 +71,10 @@ export async function startCluster(opts: {
   runtime?: string;
   agentArgs?: string[];
   env?: Record<string, string>;
+  /** A Redis of the test's own (one it may restart); the shared test Redis otherwise. */
+  redisUrl?: string;
 }) {
+  const redis = opts.redisUrl ?? redisUrl;
   const db = await cloneDatabase();
   const prefix = `bce_${randomBytes(5).toString("hex")}`;
   const operatorToken = `op_${randomBytes(20).toString("hex")}`;
@@ -82,7 +85,7 @@ export async function startCluster(opts: {
     ...process.env,
     ...hostEnv,
     DATABASE_URL: db.url,
-    REDIS_URL: redisUrl,
+    REDIS_URL: redis,
     REDIS_PREFIX: prefix,
     OPERATOR_TOKEN: operatorToken,
     SEAL_KEY: randomBytes(32).toString("base64"),
@@ -138,13 +141,15 @@ export async function startCluster(opts: {
     dbUrl: db.url,
     server,
     worker: new Proc("worker", ["worker"], env),
+    /** More `bc worker` processes (see `addWorker`). */
+    workers: [] as Proc[],
     agents: [] as Proc[],
     /** More `bc server` processes on the same database and Redis (see `addServer`). */
     replicas: [] as Proc[],
     client: (token?: string): Client => createClient({ url, token }),
     /** The error lines every process printed, for a failing test's message. */
     errors: () =>
-      [cluster.server, ...cluster.replicas, cluster.worker, ...cluster.agents].flatMap((p) =>
+      [cluster.server, ...cluster.replicas, cluster.worker, ...cluster.workers, ...cluster.agents].flatMap((p) =>
         p.out
           .split("\n")
           .filter((l) => /"level":"error"|Error/.test(l))
@@ -164,6 +169,19 @@ export async function startCluster(opts: {
           await cluster.replicas[i]?.stop(signal);
           cluster.replicas[i] = new Proc(`server ${i + 2}`, ["server"], replicaEnv);
           await (cluster.replicas[i] as Proc).waitFor(/GraphQL:\s+(\S+)/);
+        },
+      };
+    },
+    /** Another worker on the same database and Redis, which a test can restart. */
+    async addWorker(): Promise<{ restart: (signal?: NodeJS.Signals) => Promise<void> }> {
+      const i = cluster.workers.length;
+      cluster.workers.push(new Proc(`worker ${i + 2}`, ["worker"], env));
+      await (cluster.workers[i] as Proc).waitFor(/worker running/);
+      return {
+        async restart(signal: NodeJS.Signals = "SIGKILL") {
+          await cluster.workers[i]?.stop(signal);
+          cluster.workers[i] = new Proc(`worker ${i + 2}`, ["worker"], env);
+          await (cluster.workers[i] as Proc).waitFor(/worker running/);
         },
       };
     },
@@ -188,13 +206,14 @@ export async function startCluster(opts: {
       await cluster.agents[i].waitFor(/agent host-\d+ running/);
     },
     async close() {
-      for (const p of [...cluster.agents, cluster.worker, ...cluster.replicas, cluster.server]) await p.stop().catch(() => p.child.kill("SIGKILL"));
+      for (const p of [...cluster.agents, cluster.worker, ...cluster.workers, ...cluster.replicas, cluster.server])
+        await p.stop().catch(() => p.child.kill("SIGKILL"));
       await (await inspector)?.close();
       await db.drop();
-      const redis = new Redis(redisUrl);
-      const keys = await redis.keys(`${prefix}:*`);
-      if (keys.length) await redis.del(...keys);
-      redis.disconnect();
+      const r = new Redis(redis);
+      const keys = await r.keys(`${prefix}:*`);
+      if (keys.length) await r.del(...keys);
+      r.disconnect();
       rmSync(root, { recursive: true, force: true });
     },
   };
