@@ -19,7 +19,8 @@ import { redisUrl } from "../support/harness.ts";
 import { hostEnv } from "../support/hosts.ts";
 import { cloneDatabase } from "../support/pg.ts";
 
-async function freePort(): Promise<number> {
+/** A TCP port nobody listens on right now (for a process that must keep its port across restarts). */
+export async function freePort(): Promise<number> {
   const { createServer } = await import("node:net");
   return new Promise((resolve, reject) => {
     const s = createServer().listen(0, "127.0.0.1", () => {

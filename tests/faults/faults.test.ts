@@ -1,6 +1,5 @@
 import { type ChildProcess, spawn } from "node:child_process";
 import { mkdtempSync, readdirSync, rmSync } from "node:fs";
-import { createServer } from "node:net";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterEach, describe, expect, it } from "vitest";
@@ -15,7 +14,7 @@ import {
   StopInstanceDocument,
   watchInstanceEvents,
 } from "../../sdk/client.ts";
-import { type Cluster, startCluster } from "../e2e/processes.ts";
+import { type Cluster, freePort, startCluster } from "../e2e/processes.ts";
 import { prng, until } from "../support/fixtures.ts";
 import { eventViolations } from "../support/hosts.ts";
 import { invariantViolations, ledger } from "../support/ledger.ts";
@@ -36,16 +35,6 @@ const EXPECTED = new Set(["PRECONDITION_FAILED", "UNSCHEDULABLE", "INVALID_INPUT
 const SEEDS = (process.env.FAULT_SEEDS ?? "11").split(",").map(Number);
 type Fault = "worker" | "agent" | "server" | "redis" | "postgres";
 const FAULTS: Fault[] = ["worker", "agent", "server", "redis", "postgres"];
-
-async function freePort(): Promise<number> {
-  return new Promise((resolve, reject) => {
-    const s = createServer().listen(0, "127.0.0.1", () => {
-      const port = (s.address() as { port: number }).port;
-      s.close(() => resolve(port));
-    });
-    s.on("error", reject);
-  });
-}
 
 /** A redis-server of the suite's own, persisting every write (appendfsync always), so a restart loses no job. */
 async function ownRedis() {
