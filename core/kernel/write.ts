@@ -33,6 +33,9 @@ export interface AuditSubject {
  * (as it does for the database's own serialization failures, whose code this carries), and `attempt` tells
  * the domain it is a retry.
  */
+/** The audit row's columns, in the order both of its writers (finishWrite, auditInStatement) give values. */
+const AUDIT_COLUMNS = "actor_id, tenant_id, action, target_id, request_id, details, at";
+
 export class ContendedWrite extends Error {
   readonly code = "40001";
 }
@@ -154,7 +157,7 @@ export class Write {
     this.audit(subject);
     this.auditWritten = true;
     const action = this.opts.action as string;
-    return `INSERT INTO audit_log (actor_id, tenant_id, action, target_id, request_id, details, at)
+    return `INSERT INTO audit_log (${AUDIT_COLUMNS})
        SELECT ${add(this.actor)}, ${add(subject.tenantId ?? null)}, ${add(action)}, ${add(subject.targetId)}, ${add(this.opts.requestId ?? null)}, ${details}, ${add(this.now)}::timestamptz
          FROM ${from}`;
   }
@@ -178,7 +181,7 @@ export class Write {
 export async function finishWrite(w: Write): Promise<void> {
   const row = w.auditRow();
   if (!row) return;
-  await w.sql.query(`INSERT INTO audit_log (actor_id, tenant_id, action, target_id, request_id, details, at) VALUES ($1, $2, $3, $4, $5, $6::jsonb, $7)`, [
+  await w.sql.query(`INSERT INTO audit_log (${AUDIT_COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6::jsonb, $7)`, [
     w.actor,
     row.tenantId ?? null,
     row.action,

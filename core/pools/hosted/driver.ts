@@ -139,7 +139,7 @@ function deferredHold(w: Write, req: AdmitRequest, placeReq: PlaceRequest): Defe
     ctes: (p) => `lease AS (${leaseSql(p(1), p(2), p(3))}),
        ${placement.ctes((k) => p(k + 3))},
        held AS (SELECT claimed.id AS node_id, claimed.spec_generation AS generation, (SELECT array_agg(address) FROM lease) AS addresses,
-                       made.id AS allocation_id, made.vcpus, made.memory_mib, (SELECT id FROM pick) AS picked
+                       made.id AS allocation_id, (SELECT id FROM pick) AS picked
                   FROM (SELECT 1) one LEFT JOIN claimed ON true LEFT JOIN made ON true)`,
     async refusal(sql, held) {
       if (!held.addresses?.length) return noFreeAddress(req.pool.id);
