@@ -123,6 +123,17 @@ export class CommandRunner {
     return pruned;
   }
 
+  /**
+   * Resolves once the command reports on their way when called have reached the server (or failed to), or
+   * after `maxMs`. The agent's status reports wait on it: a command's outcome is what someone is waiting for (a
+   * warm claim, a pause), and a status report sent beside it would only compete with it on the server.
+   */
+  async reportsSent(maxMs: number): Promise<void> {
+    const pending = [...this.outbox.values()].map((b) => b.done);
+    if (!pending.length) return;
+    await Promise.race([Promise.allSettled(pending), sleep(maxMs, undefined, { ref: false })]);
+  }
+
   /** Resolves once every command taken so far has run. */
   async settled(): Promise<void> {
     while (this.inflight.size > 0) await Promise.allSettled([...this.inflight.values()]);

@@ -41,6 +41,8 @@ interface Identity {
 
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
 const REQUEST_TIMEOUT_MS = 15_000;
+/** The longest a status report waits for the command reports ahead of it (commands.ts, reportsSent). */
+const REPORT_BEHIND_COMMANDS_MS = 1_000;
 
 /**
  * A host agent: joins once, then subscribes to its node's spec, converges the runtime to the newest spec it
@@ -102,7 +104,9 @@ export async function startAgent(opts: AgentOptions) {
     unsent = report;
     sending ??= (async () => {
       while (unsent) {
-        const next: StatusReport = unsent;
+        await commands.reportsSent(REPORT_BEHIND_COMMANDS_MS);
+        // Taken after the wait: a report made meanwhile replaced this one.
+        const next = unsent as StatusReport;
         unsent = null;
         await http.request(ReportStatusDocument, { report: next }).catch((e) => log("report failed", { err: String(e) }));
       }

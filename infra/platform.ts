@@ -102,12 +102,25 @@ export async function openPlatform(config: Config, opts: PlatformOptions = {}): 
   const counts = { writes: 0, eventsPublished: 0, retries: 0 };
   const metrics = platformMetrics(counts, jobs);
 
+  /**
+   * What hosts and live connections must hear of a write at once, sent before its events are positioned: none
+   * of it needs a position, and a warm claim's resume or a new instance's spec would otherwise wait for the
+   * sequencer's round trip.
+   */
+  function tellHosts(w: Write): void {
+    try {
+      // Commands first: a resume's agent then holds its instance before the spec that says the same arrives.
+      for (const [nodeId, commands] of w.commandsFor) bus.publish("hostCommands", { nodeId, commands }, nodeId);
+      for (const [nodeId, generation] of w.specs) bus.publish("nodeSpecs", { nodeId, generation }, nodeId);
+      for (const key of w.revoked) bus.publish("credentialsRevoked", { key });
+    } catch (err) {
+      log.warn("after-commit effects failed", { actor: w.actor, err: String(err) });
+    }
+  }
+
   /** Publishing and waking are hints: a failure here delays convergence (the sweep re-finds it), never loses state. */
   async function apply(w: Write): Promise<void> {
     try {
-      for (const [nodeId, generation] of w.specs) bus.publish("nodeSpecs", { nodeId, generation }, nodeId);
-      for (const [nodeId, commands] of w.commandsFor) bus.publish("hostCommands", { nodeId, commands }, nodeId);
-      for (const key of w.revoked) bus.publish("credentialsRevoked", { key });
       for (const e of w.events) bus.publish("instanceEvents", e);
       counts.eventsPublished += w.events.length;
       for (const commandId of w.execOutputs) bus.publish("execOutput", { commandId }, commandId);
@@ -138,6 +151,7 @@ export async function openPlatform(config: Config, opts: PlatformOptions = {}): 
             return [result, w] as const;
           });
           counts.writes++;
+          tellHosts(w);
           // Committed whatever happens here: without positions its events are not published (subscribers'
           // polls read them), rather than the write reported as failed.
           await positionEvents(w, sequence).catch((err) => {

@@ -51,8 +51,11 @@ export async function setDesiredState(w: Write, who: Principal, id: string, desi
     // same, so a lost command only delays.
     const power =
       desired === "paused" && inst.state === "running" ? "instance.pause" : desired === "running" && inst.state === "paused" ? "instance.resume" : null;
-    if (power && inst.nodeId)
+    if (power && inst.nodeId) {
       await enqueueCommand(w, { nodeId: inst.nodeId, instanceId: inst.id, kind: power, args: { instanceId: inst.id }, timeoutMs: POWER_COMMAND_MS });
+      // Nothing for a reconcile pass to do until the host answers, and its answer wakes the instance.
+      w.settle(inst.id);
+    }
     return changed;
   }
   return writeChange(w, inst, { desired_state: desired, retry_requested: true }, inst.desiredState === desired ? "requested:retry" : `requested:${desired}`);

@@ -124,7 +124,11 @@ export async function settleCommands(w: Write, inst: Instance): Promise<Instance
     const power = POWER_MOVES[c.kind];
     if (power) {
       const ok = c.state === "succeeded";
-      if (ok && inst.state === power.from && inst.desiredState === power.to) return writeChange(w, inst, { state: power.to }, power.reason);
+      if (ok && inst.state === power.from && inst.desiredState === power.to) {
+        // Where its owner wants it: no reconcile pass is owed for this change.
+        w.settle(inst.id);
+        return writeChange(w, inst, { state: power.to }, power.reason);
+      }
       continue;
     }
     const outcome: Outcome = expired ? { ok: false, error: `the host did not finish ${c.kind} before its deadline` } : outcomeOf(c);

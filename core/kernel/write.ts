@@ -181,7 +181,10 @@ export class Write {
 export async function finishWrite(w: Write): Promise<void> {
   const row = w.auditRow();
   if (!row) return;
-  await w.sql.query(`INSERT INTO audit_log (${AUDIT_COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6::jsonb, $7)`, [
+  // The write's last statement: where the database can, it goes with COMMIT in one message (a round trip less
+  // for every audited write, and its rows' locks given back that much sooner).
+  const last = w.sql.commitWith?.bind(w.sql) ?? w.sql.query.bind(w.sql);
+  await last(`INSERT INTO audit_log (${AUDIT_COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6::jsonb, $7)`, [
     w.actor,
     row.tenantId ?? null,
     row.action,

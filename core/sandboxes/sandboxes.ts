@@ -175,8 +175,11 @@ async function claimWarm(w: Write, t: SandboxTemplate, who: Principal & { tenant
     (await one<Instance>(w.sql, `${ready} FOR UPDATE`, [t.id, t.version]));
   if (!inst) return null;
   const charge = chargeOf(inst);
-  if (inst.nodeId)
+  if (inst.nodeId) {
     await enqueueCommand(w, { nodeId: inst.nodeId, instanceId: inst.id, kind: "instance.resume", args: { instanceId: inst.id }, timeoutMs: POWER_COMMAND_MS });
+    // The host's answer wakes it; a reconcile pass before then would find nothing to do and hold the row it waits on.
+    w.settle(inst.id);
+  }
   const claimed = await writeChange(
     w,
     inst,
