@@ -1,12 +1,12 @@
 import { existsSync, mkdirSync, readFileSync, renameSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
-import { type NetworkPolicy, type NodeSpec, nodeSpec, type StatusReport, tapFor } from "../contracts/host.ts";
+import { applySpecChange, type NetworkPolicy, type NodeSpec, nodeSpecChange, type StatusReport, tapFor } from "../contracts/host.ts";
 import {
   createClient,
   createWsClient,
   JoinNodeDocument,
   NodeCommandsDocument,
-  NodeSpecDocument,
+  NodeSpecChangesDocument,
   ReportCommandDocument,
   ReportExecOutputDocument,
   ReportStatusDocument,
@@ -205,11 +205,11 @@ export async function startAgent(opts: AgentOptions) {
   const follow = Promise.all([
     stream(
       "spec",
-      () => ws.subscribe(NodeSpecDocument),
+      () => ws.subscribe(NodeSpecChangesDocument),
       (payload) => {
-        const spec = nodeSpec.parse(payload.nodeSpec.spec);
-        if (latest && spec.generation < latest.generation) return;
-        latest = spec;
+        const change = nodeSpecChange.parse(payload.nodeSpecChanges.change);
+        // A change that does not follow the spec held throws: the stream starts again, from a whole spec.
+        latest = applySpecChange(latest, change);
         kick();
       },
     ),

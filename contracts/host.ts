@@ -77,6 +77,41 @@ export const nodeSpec = z.object({
 export type NodeSpec = z.infer<typeof nodeSpec>;
 
 /**
+ * A node's spec as its stream sends it: whole at first (`since` null), then only what changed since the
+ * generation the stream sent before — the instances whose spec changed or that joined the set, and the ids
+ * that left it — so a change on a full host costs the host one instance's spec, not all of them. `remove` is
+ * always whole (it is short).
+ */
+export const nodeSpecChange = z.object({
+  nodeId: z.string(),
+  generation: z.number().int(),
+  /** The generation this change applies to: the one the stream sent last; null for a whole spec. */
+  since: z.number().int().nullable(),
+  runtime: z.string(),
+  instances: z.array(instanceSpec),
+  /** Instances no longer in the set (only in a change). */
+  dropped: z.array(z.string()),
+  remove: z.array(z.string()),
+});
+export type NodeSpecChange = z.infer<typeof nodeSpecChange>;
+
+/**
+ * The spec a change makes of the one it applies to. A change that does not follow `current` (its `since` is
+ * not `current`'s generation) cannot be applied: the caller must start again from a whole spec.
+ */
+export function applySpecChange(current: NodeSpec | null, change: NodeSpecChange): NodeSpec {
+  const { nodeId, generation, runtime, remove } = change;
+  if (change.since === null) return { nodeId, generation, runtime, instances: change.instances, remove };
+  if (!current || current.nodeId !== nodeId || current.generation !== change.since)
+    throw new Error(`spec change ${change.since} → ${generation} does not follow generation ${current?.generation ?? "none"}`);
+  const byId = new Map(current.instances.map((i) => [i.id, i]));
+  for (const id of change.dropped) byId.delete(id);
+  for (const i of change.instances) byId.set(i.id, i);
+  const instances = [...byId.values()].sort((a, b) => (a.id < b.id ? -1 : a.id > b.id ? 1 : 0));
+  return { nodeId, generation, runtime, instances, remove };
+}
+
+/**
  * What the host observed of one domain. `failed`: the runtime could not create or start it; `retryable`
  * says whether another host might (a host problem) or not (a bad image), which decides recreate vs error.
  * `crashed`: the guest or its hypervisor process crashed; the host leaves it so until the spec says what next.

@@ -1,6 +1,6 @@
 import { z } from "zod";
 import type { Channels } from "../../contracts/channels.ts";
-import { commandReport, execChunk, type HostCommand, statusReport } from "../../contracts/host.ts";
+import { commandReport, execChunk, type HostCommand, type NodeSpecChange, statusReport } from "../../contracts/host.ts";
 import { requireNode, requireOperator } from "../../core/auth/principal.ts";
 import { reconcileNews } from "../../core/instances/reconciler.ts";
 import { recordHostReport } from "../../core/instances/snapshots.ts";
@@ -9,7 +9,7 @@ import { commandsForNode } from "../../core/pools/hosted/commands.ts";
 import { createJoinToken, joinNode } from "../../core/pools/hosted/enrollment.ts";
 import { declareNodeGone } from "../../core/pools/hosted/nodes.ts";
 import { recordReport } from "../../core/pools/hosted/reports.ts";
-import { buildNodeSpec } from "../../core/pools/hosted/spec.ts";
+import { buildNodeSpec, buildNodeSpecChange } from "../../core/pools/hosted/spec.ts";
 import { recordExecOutput } from "../../core/sandboxes/exec.ts";
 import { type Context, mutate } from "../context.ts";
 import { builder } from "./builder.ts";
@@ -41,6 +41,11 @@ const CommandAck = builder.objectRef<{ id: string; state: string }>("CommandAck"
 const NodeSpecPayload = builder.objectRef<{ generation: number; spec: unknown }>("NodeSpecPayload").implement({
   description: "A node's whole desired set; `spec` follows the NodeSpec schema of the host protocol.",
   fields: (t) => ({ generation: t.exposeInt("generation"), spec: t.expose("spec", { type: "JSON" }) }),
+});
+
+const NodeSpecChangePayload = builder.objectRef<{ generation: number; change: unknown }>("NodeSpecChangePayload").implement({
+  description: "A node's desired set, whole at first and then what changed; `change` follows the NodeSpecChange schema of the host protocol.",
+  fields: (t) => ({ generation: t.exposeInt("generation"), change: t.expose("change", { type: "JSON" }) }),
 });
 
 const NodeCommandPayload = builder.objectRef<{ command: unknown }>("NodeCommandPayload").implement({
@@ -189,6 +194,37 @@ async function* specStream(ctx: Context, nodeId: string) {
 }
 
 /**
+ * The spec stream as changes: the whole spec first, then for each new generation only the instances whose spec
+ * moved or that joined the set, and the ids that left it. A host of 128 instances hears of one instance's change
+ * in about its size, not the host's.
+ */
+async function* specChangeStream(ctx: Context, nodeId: string) {
+  const { platform } = ctx;
+  const { sealer } = platform;
+  const network = platform.config.vps.hostNetwork;
+  let last = -1;
+  let held = new Set<string>();
+  const read = () =>
+    platform.read(async (sql): Promise<NodeSpecChange> => {
+      if (last < 0) {
+        const spec = await buildNodeSpec(sql, sealer, network, nodeId);
+        return { ...spec, since: null, dropped: [] };
+      }
+      return buildNodeSpecChange(sql, sealer, network, nodeId, last, held);
+    });
+  for await (const change of follow(ctx, "nodeSpecs", nodeId, read, (m) => m.generation > last)) {
+    if (change.generation <= last) continue;
+    if (change.since === null) held = new Set(change.instances.map((i) => i.id));
+    else {
+      for (const id of change.dropped) held.delete(id);
+      for (const i of change.instances) held.add(i.id);
+    }
+    last = change.generation;
+    yield { generation: change.generation, change };
+  }
+}
+
+/**
  * The command stream: every command the node should be working on, each once per stream. A new stream (the
  * agent reconnected, or this server restarted) sends the unfinished ones again: the agent keys its work by id.
  */
@@ -225,6 +261,12 @@ builder.subscriptionFields((t) => ({
     type: NodeSpecPayload,
     description: "Host agents: the desired set of the node the credential belongs to.",
     subscribe: (_r, _a, ctx) => specStream(ctx, requireNode(ctx.principal)),
+    resolve: (payload) => payload,
+  }),
+  nodeSpecChanges: t.field({
+    type: NodeSpecChangePayload,
+    description: "Host agents: the desired set of the node the credential belongs to, whole first and then as changes.",
+    subscribe: (_r, _a, ctx) => specChangeStream(ctx, requireNode(ctx.principal)),
     resolve: (payload) => payload,
   }),
   nodeCommands: t.field({

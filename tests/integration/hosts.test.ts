@@ -4,14 +4,18 @@ import { join } from "node:path";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { startAgent } from "../../agent/index.ts";
 import { clearFailures, createFakeRuntime, injectFailure } from "../../agent/runtimes/fake/index.ts";
+import { applySpecChange, type NodeSpec, type NodeSpecChange, nodeSpecChange } from "../../contracts/host.ts";
+import { buildNodeSpec } from "../../core/pools/hosted/spec.ts";
 import {
   CreateInstanceDocument,
   CreateJoinTokenDocument,
+  createWsClient,
   DeclareNodeGoneDocument,
   DeleteInstanceDocument,
   InstanceDocument,
   InstanceSnapshotDocument,
   JoinNodeDocument,
+  NodeSpecChangesDocument,
   NodesDocument,
   PauseInstanceDocument,
   ReportStatusDocument,
@@ -196,6 +200,61 @@ describe("the host protocol", () => {
       intruder.request(ReportStatusDocument, { report: { generation: 1, instances: [], capacity: { vcpus: 1, memoryMib: 1, diskGib: 1 } } }),
       "UNAUTHENTICATED",
     );
+  });
+});
+
+describe("the spec stream as changes", () => {
+  it("sends a node's spec whole, then only what changed, and the changes add up to the whole spec", async () => {
+    const t = await hosts.h.tenant();
+    const nodes = (await hosts.h.operator.request(NodesDocument, { poolId: hosts.poolId })).nodes;
+    const target = nodes.find((x) => x.name === "host-1") ?? nodes[0];
+    if (!target) throw new Error("no node");
+    const host = await hostOf(target.id);
+    // Every create of this test lands on host-1: the others take no new instances meanwhile.
+    const others = nodes.filter((x) => x.id !== target.id);
+    for (const o of others) await hosts.h.operator.request(SetNodeStateDocument, { id: o.id, state: "CORDONED" });
+    const credential = (JSON.parse(readFileSync(join(hosts.dirs[host] as string, "agent.json"), "utf8")) as { credential: string }).credential;
+    const ws = await createWsClient({ url: hosts.h.url, token: credential });
+    const changes: NodeSpecChange[] = [];
+    const stream = ws.subscribe(NodeSpecChangesDocument);
+    const reading = (async () => {
+      for await (const m of stream) changes.push(nodeSpecChange.parse(m.nodeSpecChanges.change));
+    })();
+    try {
+      await until("the whole spec", async () => changes.length > 0);
+      expect(changes[0]?.since).toBeNull();
+      const [a, b, c] = [await create(t), await create(t), await create(t)];
+      for (const i of [a, b, c]) await waitForState(t.client, i.id, "RUNNING");
+      const mark = changes.length;
+      await t.client.request(StopInstanceDocument, { id: b.id });
+      await waitForState(t.client, b.id, "STOPPED");
+      // The stop changed one instance's spec: only that one is sent, though the host holds three or more.
+      const stopped = changes.slice(mark).find((ch) => ch.instances.some((i) => i.id === b.id && i.power === "stopped"));
+      expect(stopped?.instances.map((i) => i.id)).toEqual([b.id]);
+      await t.client.request(DeleteInstanceDocument, { id: c.id });
+      await waitForState(t.client, c.id, "DELETED");
+      await until("c dropped", async () => changes.some((ch) => ch.dropped.includes(c.id)));
+
+      // Each change follows the one before, and together they are the node's spec as the server would build it.
+      for (let k = 1; k < changes.length; k++) expect(changes[k]?.since).toBe(changes[k - 1]?.generation);
+      let spec: NodeSpec | null = null;
+      for (const ch of changes) spec = applySpecChange(spec, ch);
+      const whole = await hosts.h.platform.read((sql) => buildNodeSpec(sql, hosts.h.platform.sealer, hosts.h.platform.config.vps.hostNetwork, target.id));
+      await until("the stream caught up", async () => (changes.at(-1)?.generation ?? 0) >= whole.generation);
+      spec = null;
+      for (const ch of changes) spec = applySpecChange(spec, ch);
+      expect(spec).toEqual(whole);
+      expect(spec?.instances.map((i) => i.id)).toEqual(expect.arrayContaining([a.id, b.id]));
+      // A change that does not follow the spec held cannot be applied.
+      expect(() => applySpecChange({ ...whole, generation: whole.generation - 1 }, { ...whole, since: whole.generation, dropped: [] })).toThrow(
+        /does not follow/,
+      );
+    } finally {
+      await stream.return?.();
+      await reading.catch(() => {});
+      await ws.dispose();
+      for (const o of others) await hosts.h.operator.request(SetNodeStateDocument, { id: o.id, state: "READY" });
+    }
   });
 });
 

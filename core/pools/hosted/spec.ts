@@ -1,6 +1,6 @@
 import { createHash } from "node:crypto";
 import { notFound } from "../../../contracts/errors.ts";
-import { type InstanceSpec, macFor, type NetworkPolicy, type NodeSpec } from "../../../contracts/host.ts";
+import { type InstanceSpec, macFor, type NetworkPolicy, type NodeSpec, type NodeSpecChange } from "../../../contracts/host.ts";
 import { specPower } from "../../instances/decide.ts";
 import type { DesiredState, InstanceState } from "../../instances/state.ts";
 import type { Sql } from "../../kernel/db.ts";
@@ -10,52 +10,51 @@ import { formatIpv4 } from "./ipam.ts";
 
 /**
  * A node's spec: the whole desired set of its host — every instance it should hold, in which power state, with
- * image, keys, user data and NIC — and what to remove. Agents receive it whole on every generation, so a
- * reconnecting or restarted agent converges from it without any history.
+ * image, keys, user data and NIC — and what to remove. A stream starts with it whole, so a reconnecting or
+ * restarted agent converges from it without any history, then sends what changes (buildNodeSpecChange).
  */
 
 const mac = (id: string) => macFor(id, (s) => createHash("sha256").update(s).digest("hex"));
 
-/** The whole desired set of a node, as its agent receives it. */
-export async function buildNodeSpec(sql: Sql, sealer: Sealer, hostNetwork: string, nodeId: string): Promise<NodeSpec> {
-  const [node] = await sql.query<{ generation: number; runtime: string | null }>(
-    `SELECT n.spec_generation AS generation, p.runtime FROM nodes n JOIN pools p ON p.id = n.pool_id WHERE n.id = $1`,
-    [nodeId],
-  );
-  if (!node) throw notFound("node", nodeId);
-  const rows = await sql.query<{
-    id: string;
-    state: InstanceState;
-    desired: DesiredState;
-    vcpus: number;
-    memoryMib: number;
-    diskGib: number;
-    url: string;
-    sha256: string;
-    format: "raw" | "qcow2" | "iso";
-    sshKeys: string[];
-    sealed: Uint8Array | null;
-    address: string | null;
-    prefix: number | null;
-    network: string | null;
-    gatewayOffset: number | null;
-    gpus: { model: string; pciAddress: string | null }[];
-    env: Record<string, string>;
-    networkPolicy: NetworkPolicy | null;
-    restoreFrom: { instanceId: string; snapshotId: string } | null;
-  }>(
-    `SELECT i.id, i.state, i.desired_state AS desired, i.vcpus, i.memory_mib AS "memoryMib", i.disk_gib AS "diskGib",
-            i.image_url AS url, i.image_sha256 AS sha256, i.image_format AS format, i.ssh_keys AS "sshKeys",
-            i.user_data_sealed AS sealed, i.addresses[1] AS address, ip.prefix, ip.network::text AS network,
-            ip.gateway_offset AS "gatewayOffset", i.env, i.network_policy AS "networkPolicy", i.restore_from AS "restoreFrom",
-            COALESCE((SELECT jsonb_agg(jsonb_build_object('model', g.model, 'pciAddress', g.pci_address) ORDER BY g.index)
-                        FROM node_gpus g WHERE g.allocation_id = i.allocation_id), '[]') AS gpus
-       FROM instances i LEFT JOIN ip_pools ip ON ip.pool_id = i.pool_id
-      WHERE i.node_id = $1 AND i.allocation_id IS NOT NULL AND i.desired_state <> 'deleted' AND i.state = ANY($2::text[])
-      ORDER BY i.id`,
-    [nodeId, HELD_STATES],
-  );
-  const instances: InstanceSpec[] = rows.map((r) => ({
+/** The columns and joins of an instance's spec: `where` picks the rows (over `i`), `$1` is the node. */
+const SPEC_ROWS = (where: string) =>
+  `SELECT i.id, i.state, i.desired_state AS desired, i.vcpus, i.memory_mib AS "memoryMib", i.disk_gib AS "diskGib",
+          i.image_url AS url, i.image_sha256 AS sha256, i.image_format AS format, i.ssh_keys AS "sshKeys",
+          i.user_data_sealed AS sealed, i.addresses[1] AS address, ip.prefix, ip.network::text AS network,
+          ip.gateway_offset AS "gatewayOffset", i.env, i.network_policy AS "networkPolicy", i.restore_from AS "restoreFrom",
+          COALESCE((SELECT jsonb_agg(jsonb_build_object('model', g.model, 'pciAddress', g.pci_address) ORDER BY g.index)
+                      FROM node_gpus g WHERE g.allocation_id = i.allocation_id), '[]') AS gpus
+     FROM instances i LEFT JOIN ip_pools ip ON ip.pool_id = i.pool_id
+    WHERE ${where}
+    ORDER BY i.id`;
+/** The instances a node holds (over `i`; `$1` the node, `$2` the held states). */
+const IN_SET = `i.node_id = $1 AND i.allocation_id IS NOT NULL AND i.desired_state <> 'deleted' AND i.state = ANY($2::text[])`;
+
+interface SpecRow {
+  id: string;
+  state: InstanceState;
+  desired: DesiredState;
+  vcpus: number;
+  memoryMib: number;
+  diskGib: number;
+  url: string;
+  sha256: string;
+  format: "raw" | "qcow2" | "iso";
+  sshKeys: string[];
+  sealed: Uint8Array | null;
+  address: string | null;
+  prefix: number | null;
+  network: string | null;
+  gatewayOffset: number | null;
+  gpus: { model: string; pciAddress: string | null }[];
+  env: Record<string, string>;
+  networkPolicy: NetworkPolicy | null;
+  restoreFrom: { instanceId: string; snapshotId: string } | null;
+}
+
+const instanceSpecOf =
+  (sealer: Sealer, hostNetwork: string) =>
+  (r: SpecRow): InstanceSpec => ({
     id: r.id,
     power: specPower(r.state, r.desired),
     vcpus: r.vcpus,
@@ -76,11 +75,61 @@ export async function buildNodeSpec(sql: Sql, sealer: Sealer, hostNetwork: strin
     env: r.env,
     network: r.networkPolicy ?? { egress: "all", allow: [] },
     fromSnapshot: r.restoreFrom,
-  }));
-  const remove = await sql.query<{ id: string }>(
+  });
+
+async function nodeHead(sql: Sql, nodeId: string): Promise<{ generation: number; runtime: string }> {
+  const [node] = await sql.query<{ generation: number; runtime: string | null }>(
+    `SELECT n.spec_generation AS generation, p.runtime FROM nodes n JOIN pools p ON p.id = n.pool_id WHERE n.id = $1`,
+    [nodeId],
+  );
+  if (!node) throw notFound("node", nodeId);
+  return { generation: node.generation, runtime: node.runtime ?? "libvirt-kvm" };
+}
+
+async function removals(sql: Sql, nodeId: string): Promise<string[]> {
+  const rows = await sql.query<{ id: string }>(
     `SELECT id FROM instances WHERE node_id = $1 AND desired_state = 'deleted' AND state <> 'deleted'
      UNION SELECT domain_id FROM orphans WHERE node_id = $1 AND removal_at IS NOT NULL ORDER BY 1`,
     [nodeId],
   );
-  return { nodeId, generation: node.generation, runtime: node.runtime ?? "libvirt-kvm", instances, remove: remove.map((r) => r.id) };
+  return rows.map((r) => r.id);
+}
+
+/** The whole desired set of a node, as its agent receives it. */
+export async function buildNodeSpec(sql: Sql, sealer: Sealer, hostNetwork: string, nodeId: string): Promise<NodeSpec> {
+  const head = await nodeHead(sql, nodeId);
+  const rows = await sql.query<SpecRow>(SPEC_ROWS(IN_SET), [nodeId, HELD_STATES]);
+  return { nodeId, ...head, instances: rows.map(instanceSpecOf(sealer, hostNetwork)), remove: await removals(sql, nodeId) };
+}
+
+/**
+ * What changed in a node's desired set since generation `since`, for a reader that holds `held` (the ids it
+ * was sent). An instance's `spec_generation` moves with every change the host must see (changes.ts), always
+ * past every generation already committed, so those above `since`, and those the reader does not hold, are
+ * all it needs; re-sending one it has is harmless. The rows are read by id only when something changed.
+ */
+export async function buildNodeSpecChange(
+  sql: Sql,
+  sealer: Sealer,
+  hostNetwork: string,
+  nodeId: string,
+  since: number,
+  held: ReadonlySet<string>,
+): Promise<NodeSpecChange> {
+  const head = await nodeHead(sql, nodeId);
+  const set = await sql.query<{ id: string; generation: number }>(
+    `SELECT i.id, i.spec_generation AS generation FROM instances i WHERE ${IN_SET}`,
+    [nodeId, HELD_STATES],
+  );
+  const changed = set.filter((r) => r.generation > since || !held.has(r.id)).map((r) => r.id);
+  const rows = changed.length ? await sql.query<SpecRow>(SPEC_ROWS(`${IN_SET} AND i.id = ANY($3::text[])`), [nodeId, HELD_STATES, changed]) : [];
+  const now = new Set(set.map((r) => r.id));
+  return {
+    nodeId,
+    ...head,
+    since,
+    instances: rows.map(instanceSpecOf(sealer, hostNetwork)),
+    dropped: [...held].filter((id) => !now.has(id)).sort(),
+    remove: await removals(sql, nodeId),
+  };
 }
