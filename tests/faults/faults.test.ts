@@ -3,13 +3,27 @@ import { mkdtempSync, readdirSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterEach, describe, expect, it } from "vitest";
+import type { ProviderEmulator } from "../../providers/emulator.ts";
+import { startHetznerEmulator } from "../../providers/hetzner-cloud/emulator.ts";
 import {
   type Client,
   CreateApiTokenDocument,
+  CreateFlavorDocument,
   CreateInstanceDocument,
+  CreatePoolDocument,
+  CreateProviderAccountDocument,
+  CreateSandboxDocument,
+  CreateSandboxSnapshotDocument,
+  CreateSandboxTemplateDocument,
   CreateTenantDocument,
   DeleteInstanceDocument,
+  DeleteSandboxDocument,
+  DeleteSandboxSnapshotDocument,
+  DeleteSandboxTemplateDocument,
+  DoctorDocument,
+  ProviderOffersDocument,
   ResizeInstanceDocument,
+  SetTenantQuotaDocument,
   StartInstanceDocument,
   StopInstanceDocument,
   watchInstanceEvents,
@@ -17,21 +31,27 @@ import {
 import { type Cluster, freePort, startCluster } from "../e2e/processes.ts";
 import { prng, until } from "../support/fixtures.ts";
 import { eventViolations } from "../support/hosts.ts";
-import { invariantViolations, ledger } from "../support/ledger.ts";
+import { invariantViolations, ledger, meteringViolations } from "../support/ledger.ts";
+import { providerEnv } from "../support/providers.ts";
 
 /**
  * Faults during a seeded churn, on the real processes: two servers and two workers on PostgreSQL and a Redis of
- * the suite's own, three agents on the fake runtime. While tenants create, stop, start, resize and delete
- * through both servers, the schedule the seed draws kills a worker mid-job, kills an agent, restarts the server
- * a subscriber is connected to, restarts Redis, and cuts every PostgreSQL connection. Then everything settles,
- * and nothing may have leaked: no allocation, lease or quota charge without its instance, every instance in its
- * desired state, every event exactly once per version, and the subscriber that rode through it all (resuming
- * from its cursor) saw each instance's events once each, in order.
+ * the suite's own, three agents on the fake runtime, and the Hetzner Cloud emulator behind a provider pool.
+ * While a tenant creates (hosted and provider), stops, starts, resizes and deletes instances, claims sandboxes
+ * from a warm pool, snapshots them and restores the snapshots, through both servers, the provider fails a tenth
+ * of its calls and rate-limits, and the schedule the seed draws kills a worker mid-job, kills an agent,
+ * restarts the server a subscriber is connected to, restarts Redis, and cuts every PostgreSQL connection. Then
+ * everything settles, and nothing may have leaked: every instance in its desired state with the books agreeing
+ * (the doctor's accounting audit); once all is deleted, no allocation, lease, quota charge, warm instance or
+ * provider machine left, none made twice, every event exactly once per version, metering equal to what the
+ * allocations held (no gap, no double count), and the subscriber that rode through it all (resuming from its
+ * cursor) saw each instance's events once each, in order.
  *
  * One fixed seed runs in `npm test`; FAULT_SEEDS=3,4,5 runs others. A failing run names its seed.
  */
 
-const EXPECTED = new Set(["PRECONDITION_FAILED", "UNSCHEDULABLE", "INVALID_INPUT"]);
+const EXPECTED = new Set(["PRECONDITION_FAILED", "UNSCHEDULABLE", "INVALID_INPUT", "UNSUPPORTED", "NOT_FOUND"]);
+const TOKEN_VAR = "BC_FAULTS_HCLOUD_TOKEN";
 const SEEDS = (process.env.FAULT_SEEDS ?? "11").split(",").map(Number);
 type Fault = "worker" | "agent" | "server" | "redis" | "postgres";
 const FAULTS: Fault[] = ["worker", "agent", "server", "redis", "postgres"];
@@ -76,18 +96,47 @@ async function ownRedis() {
 
 let cluster: Cluster | undefined;
 let redis: Awaited<ReturnType<typeof ownRedis>> | undefined;
+let cloud: ProviderEmulator | undefined;
 afterEach(async () => {
   await cluster?.close();
   await redis?.close();
+  await cloud?.close();
   cluster = undefined;
   redis = undefined;
+  cloud = undefined;
 });
+
+/** A provider pool on the emulator, and a sandbox template with a warm pool of two on the cluster's hosted pool. */
+async function furnish(c: Cluster, emu: ProviderEmulator, tenantId: string, tenant: Client) {
+  const { createProviderAccount } = await c.operator.request(CreateProviderAccountDocument, {
+    input: { name: "cloud", provider: emu.provider, config: emu.config, credentials: { token: `env:${TOKEN_VAR}` } },
+  });
+  const { createPool } = await c.operator.request(CreatePoolDocument, {
+    input: { name: "cloud", class: "PROVIDER", providerAccountId: createProviderAccount.id },
+  });
+  await c.operator.request(CreateFlavorDocument, { input: { poolId: createPool.id, name: "small", vcpus: 1, memoryMib: 1024, diskGib: 10 } });
+  await until(
+    "the provider's offers",
+    async () => ((await c.operator.request(ProviderOffersDocument, { poolId: createPool.id })).providerOffers.length ?? 0) > 0,
+  );
+  await c.operator.request(SetTenantQuotaDocument, { tenantId, quota: { sandboxWarm: 2 } });
+  const { createSandboxTemplate } = await tenant.request(CreateSandboxTemplateDocument, {
+    input: { name: "faults", poolId: c.poolId, flavor: "tiny", imageId: c.imageId, ttlSeconds: 3600, warm: 2 },
+  });
+  return { cloudPoolId: createPool.id, cloudImage: emu.images[0] as string, templateId: createSandboxTemplate.id };
+}
 
 async function run(seed: number) {
   const rand = prng(seed);
   const pick = <T>(xs: readonly T[]) => xs[Math.floor(rand() * xs.length)] as T;
   redis = await ownRedis();
-  const c = await startCluster({ hosts: 3, redisUrl: redis.url, ...(process.env.FAULT_LOG ? { env: { LOG_LEVEL: "info" } } : {}) });
+  cloud = await startHetznerEmulator({ actionMs: 50 });
+  const emu = cloud;
+  const c = await startCluster({
+    hosts: 3,
+    redisUrl: redis.url,
+    env: { ...providerEnv, [TOKEN_VAR]: emu.credentials.token as string, ...(process.env.FAULT_LOG ? { LOG_LEVEL: "info" } : {}) },
+  });
   cluster = c;
   const replica = await c.addServer();
   const worker2 = await c.addWorker();
@@ -96,6 +145,7 @@ async function run(seed: number) {
   const clients: Client[] = [c.client(createApiToken.token), c.client(createApiToken.token)];
   // The second client speaks to the replica.
   clients[1] = (await import("../../sdk/client.ts")).createClient({ url: replica.url, token: createApiToken.token });
+  const { cloudPoolId, cloudImage, templateId } = await furnish(c, emu, createTenant.id, clients[0] as Client);
 
   // A subscriber on the replica, resuming from its cursor whenever its connection is cut.
   const seen = new Map<string, number[]>();
@@ -129,24 +179,53 @@ async function run(seed: number) {
   const faults = [...FAULTS].sort(() => rand() - 0.5);
   console.log(`faults seed ${seed}: in this order: ${faults.join(", ")}`);
   const live: string[] = [];
+  const sandboxes: string[] = [];
+  const snapshots: string[] = [];
   let created = 0;
+  let claims = 0;
+  // The provider fails a tenth of its calls and allows 10 a second (its sweeps take 3); both stop once the churn is over.
+  emu.failRandomly(0.1);
+  emu.rateLimit(10, 1000);
   for (let round = 0; round < faults.length + 2; round++) {
     for (let k = 0; k < 25; k++) {
       const t = pick(clients);
       const r = rand();
-      if (r < 0.45 || live.length === 0) {
+      if (r < 0.4 || live.length === 0) {
+        const cloudy = r < 0.08;
         const made = (await attempt(
           t.request(CreateInstanceDocument, {
-            input: { poolId: c.poolId, flavor: pick(["tiny", "small"]), imageId: c.imageId, idempotencyKey: `f${created++}` },
+            input: cloudy
+              ? { poolId: cloudPoolId, flavor: "small", imageId: cloudImage, idempotencyKey: `f${created++}` }
+              : { poolId: c.poolId, flavor: pick(["tiny", "small"]), imageId: c.imageId, idempotencyKey: `f${created++}` },
           }),
         )) as { createInstance: { id: string } } | null;
         if (made) live.push(made.createInstance.id);
-      } else if (r < 0.6) await attempt(t.request(StopInstanceDocument, { id: pick(live) }));
-      else if (r < 0.75) await attempt(t.request(StartInstanceDocument, { id: pick(live) }));
-      else if (r < 0.87) await attempt(t.request(ResizeInstanceDocument, { id: pick(live), flavor: pick(["tiny", "small"]) }));
-      else {
+      } else if (r < 0.5) await attempt(t.request(StopInstanceDocument, { id: pick(live) }));
+      else if (r < 0.6) await attempt(t.request(StartInstanceDocument, { id: pick(live) }));
+      else if (r < 0.67) await attempt(t.request(ResizeInstanceDocument, { id: pick(live), flavor: pick(["tiny", "small"]) }));
+      else if (r < 0.75) {
         const id = pick(live);
         if (await attempt(t.request(DeleteInstanceDocument, { id }))) live.splice(live.indexOf(id), 1);
+      } else if (r < 0.84 || sandboxes.length === 0) {
+        const made = (await attempt(t.request(CreateSandboxDocument, { input: { templateId, idempotencyKey: `s${created++}` } }))) as {
+          createSandbox: { id: string; warm: boolean };
+        } | null;
+        if (made) sandboxes.push(made.createSandbox.id);
+        if (made?.createSandbox.warm) claims++;
+      } else if (r < 0.89) {
+        const made = (await attempt(t.request(CreateSandboxSnapshotDocument, { sandboxId: pick(sandboxes) }))) as {
+          createSandboxSnapshot: { id: string };
+        } | null;
+        if (made) snapshots.push(made.createSandboxSnapshot.id);
+      } else if (r < 0.94 && snapshots.length) {
+        // Not ready yet, or its sandbox gone: refused, and nothing is made.
+        const made = (await attempt(t.request(CreateSandboxDocument, { input: { snapshotId: pick(snapshots), idempotencyKey: `s${created++}` } }))) as {
+          createSandbox: { id: string };
+        } | null;
+        if (made) sandboxes.push(made.createSandbox.id);
+      } else {
+        const id = pick(sandboxes);
+        if (await attempt(t.request(DeleteSandboxDocument, { id }))) sandboxes.splice(sandboxes.indexOf(id), 1);
       }
     }
     const fault = faults[round];
@@ -160,7 +239,9 @@ async function run(seed: number) {
       );
   }
 
-  // Settle: every instance where it was asked to be, then every live one deleted.
+  // Settle, the provider healthy again: every instance where it was asked to be, then every live one deleted.
+  emu.failRandomly(0);
+  emu.rateLimit(1_000_000, 1000);
   await until(
     "every instance to reach its desired state",
     async () => (await states()).every((i) => i.state === i.desiredState || i.state === "error"),
@@ -181,8 +262,23 @@ async function run(seed: number) {
     );
     throw new Error(`${(e as Error).message}; unsettled: ${JSON.stringify(stuck)}`);
   });
-  for (const id of live) await attempt(clients[0]?.request(DeleteInstanceDocument, { id }) as Promise<unknown>);
-  await until("every instance to be deleted", async () => (await states()).every((i) => i.state === "deleted"), 120_000, 200);
+  // At rest, the books agree with the instances.
+  const accounting = async () => (await c.operator.request(DoctorDocument)).doctor.filter((f) => f.id.startsWith("vps.accounting"));
+  expect(await accounting()).toEqual([]);
+
+  const t0 = clients[0] as Client;
+  for (const id of live) await attempt(t0.request(DeleteInstanceDocument, { id }));
+  for (const id of sandboxes) await attempt(t0.request(DeleteSandboxDocument, { id }));
+  for (const id of snapshots) await attempt(t0.request(DeleteSandboxSnapshotDocument, { id }));
+  await attempt(t0.request(DeleteSandboxTemplateDocument, { id: templateId }));
+  const standing = () =>
+    c.inspect((p) => p.db.read((sql) => sql.query<{ id: string; state: string }>(`SELECT id, state FROM instances WHERE state <> 'deleted'`)));
+  await until("every instance to be deleted, warm ones included", async () => (await standing()).length === 0, 120_000, 200).catch(async (e) => {
+    throw new Error(`${(e as Error).message}; standing: ${JSON.stringify((await standing()).slice(0, 5))}`);
+  });
+  await until("the provider to hold no machine of ours", () => emu.machines().length === 0, 30_000, 100);
+  for (const [id, n] of emu.createdPerInstance()) expect(n, `the provider made ${id} ${n} times`).toBe(1);
+  expect(await accounting()).toEqual([]);
 
   // The subscriber: every event of every instance once, in version order (it catches up after the last change).
   const expected = await c.inspect((p) =>
@@ -201,12 +297,14 @@ async function run(seed: number) {
     const l = await ledger(p);
     expect(l.counts).toMatchObject({ allocations: 0, leases: 0, gpus_held: 0 });
     expect(l.usage).toEqual([]);
+    expect(await meteringViolations(p)).toEqual([]);
   });
   await until("hosts to remove every domain", () => c.hostDirs().every((d) => readdirSync(d).length === 0), 60_000);
   expect(failed, `${failed} of ${sent} requests failed`).toBeLessThan(sent / 10);
   console.log(
-    `faults seed ${seed}: ${faults.join(", ")}; ${created} creates, ${sent} requests (${failed} failed in a fault), ` +
-      `${expected.length} events seen once each by a subscriber that rode through it`,
+    `faults seed ${seed}: ${faults.join(", ")}; ${created} creates (${claims} warm claims, ${snapshots.length} snapshots, ` +
+      `${emu.createdPerInstance().size} provider machines, ${emu.rateLimited()} provider calls rate-limited), ` +
+      `${sent} requests (${failed} failed in a fault), ${expected.length} events seen once each by a subscriber that rode through it`,
   );
   return created;
 }

@@ -223,6 +223,21 @@ describe.each(Object.keys(emulators))("provider %s", (provider) => {
     emu.rateLimit(1_000_000, 1000);
   });
 
+  it("waits out a spent rate limit without rewriting its instances", async () => {
+    // Ten requests a second (the sweeps take three) for four creates: many looks are refused by the client itself, each with another
+    // "wait N ms". The instance notes the rate limit once and keeps its backoff; it is not written (an event, a
+    // new version, a wake-up) for every refusal.
+    emu.rateLimit(10, 1000);
+    const made = await Promise.all(Array.from({ length: 4 }, () => createProviderInstance(t.client, pool)));
+    for (const i of made) await waitFor(i.id, "RUNNING", 100_000);
+    emu.rateLimit(1_000_000, 1000);
+    const versions = await h.platform.read((sql) =>
+      sql.query<{ id: string; version: number }>(`SELECT id, version FROM instances WHERE id = ANY($1::text[])`, [made.map((i) => i.id)]),
+    );
+    // pending → scheduling → provisioning → starting → running, the rate-limit note and its clearing: about 8.
+    for (const v of versions) expect(v.version, v.id).toBeLessThanOrEqual(12);
+  }, 120_000);
+
   it("leaves quota, events and instances balanced, and no machine for a deleted instance", async () => {
     const live = await h.platform.read((sql) => sql.query<{ id: string }>(`SELECT id FROM instances WHERE state <> 'deleted'`));
     for (const { id } of live) await t.client.request(DeleteInstanceDocument, { id });

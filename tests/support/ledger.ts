@@ -1,3 +1,6 @@
+import { meterUsage, WINDOW_MS } from "../../core/books/usage.ts";
+import { randomIds } from "../../core/kernel/ids.ts";
+import { Write } from "../../core/kernel/write.ts";
 import type { Platform } from "../../infra/platform.ts";
 
 type WithDb = Pick<Platform, "db">;
@@ -84,5 +87,56 @@ export async function invariantViolations(platform: WithDb): Promise<string[]> {
       `SELECT i.id, i.version, count(e.id) FROM instances i LEFT JOIN instance_events e ON e.instance_id = i.id GROUP BY i.id, i.version HAVING count(e.id) <> i.version OR count(DISTINCT e.version) <> i.version OR max(e.version) <> i.version`,
     ),
   );
+  return out;
+}
+
+/**
+ * Metering against its own ground truth, once every allocation is given back: what the meter spans held (each
+ * span from start to end, at its shape) must be exactly what closing every window records — nothing skipped,
+ * nothing counted twice — with no two spans of an instance overlapping. The windows are closed here on a clock
+ * past the last span's end, by two writers at once (they must take turns); none may have closed before.
+ */
+export async function meteringViolations(platform: WithDb): Promise<string[]> {
+  const q = <T>(sql: string) => platform.db.prisma.$queryRawUnsafe<T[]>(sql);
+  const out: string[] = [];
+  const push = (label: string, rows: unknown[]) => {
+    if (rows.length) out.push(`${label}: ${JSON.stringify(rows, (_k, v) => (typeof v === "bigint" ? Number(v) : v))}`);
+  };
+  push("windows closed before the check (the run outlasted a window)", await q(`SELECT window_start FROM usage_windows`));
+  push("spans still open", await q(`SELECT id, instance_id FROM meter_spans WHERE ended_at IS NULL`));
+  push(
+    "spans of one instance that overlap",
+    await q(`SELECT a.instance_id, a.id, b.id AS other FROM meter_spans a JOIN meter_spans b
+               ON a.instance_id = b.instance_id AND a.id < b.id AND a.started_at < b.ended_at AND b.started_at < a.ended_at`),
+  );
+  if (out.length) return out;
+  const truth = await q<{ instance_id: string; meter: string; amount: bigint }>(
+    `WITH s AS (SELECT *, (extract(epoch FROM (ended_at - started_at)) * 1000)::bigint AS ms FROM meter_spans)
+     SELECT instance_id, meter, sum(amount)::bigint AS amount FROM (
+       SELECT instance_id, 'vps.vcpu.hours' AS meter, vcpus::bigint * ms AS amount FROM s WHERE NOT warm
+       UNION ALL SELECT instance_id, 'vps.memory.gib.hours', memory_mib::bigint * ms FROM s WHERE NOT warm
+       UNION ALL SELECT s.instance_id, 'gpu.' || (g->>'model') || '.hours', (g->>'count')::bigint * s.ms FROM s, jsonb_array_elements(s.gpus) g WHERE NOT s.warm
+       UNION ALL SELECT instance_id, 'vps.sandbox.warm', ms FROM s WHERE warm) x
+     GROUP BY 1, 2 HAVING sum(amount) > 0 ORDER BY 1, 2`,
+  );
+  const [last] = await q<{ at: Date | null }>(`SELECT max(ended_at) AS at FROM meter_spans`);
+  const now = new Date((last?.at ?? new Date()).getTime() + 3 * WINDOW_MS);
+  const close = () => meterUsage((fn) => platform.db.transaction((sql) => fn(new Write(sql, randomIds, now, { actor: "usage" }))));
+  await Promise.all([close(), close()]);
+  const recorded = await q<{ instance_id: string; meter: string; amount: bigint }>(
+    `SELECT instance_id, meter, sum(amount)::bigint AS amount FROM usage_records GROUP BY 1, 2 ORDER BY 1, 2`,
+  );
+  const key = (r: { instance_id: string; meter: string; amount: bigint }) => `${r.instance_id} ${r.meter} ${r.amount}`;
+  const want = new Set(truth.map(key));
+  const got = new Set(recorded.map(key));
+  push(
+    "held but not recorded (a gap)",
+    [...want].filter((k) => !got.has(k)),
+  );
+  push(
+    "recorded but not held (counted twice, or from nothing)",
+    [...got].filter((k) => !want.has(k)),
+  );
+  push("spans left uncounted", await q(`SELECT id FROM meter_spans`));
   return out;
 }

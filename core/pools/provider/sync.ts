@@ -174,7 +174,10 @@ async function failed(io: SyncIo, inst: Instance, e: unknown, session?: Provider
     const known = cur.conditions.find((c) => c.type === PROVIDER_ERROR);
     const conditions = [...cur.conditions.filter((c) => c.type !== PROVIDER_ERROR), condition];
     if (retried || !canTransition(cur.state, "error")) {
-      return known?.reason === condition.reason && known.message === condition.message ? null : { set: { conditions }, reason: "provider:error" };
+      // Noted once per kind: a retried failure's message varies (a rate limit says how long to wait), and
+      // writing each one would be an event, a new version and a wake-up that runs the instance again at once,
+      // past the backoff — under a spent rate limit, thousands of writes and no progress.
+      return known?.reason === condition.reason ? null : { set: { conditions }, reason: "provider:error" };
     }
     return { set: { state: "error", conditions, retry_requested: false }, reason: "provider:error" };
   });
