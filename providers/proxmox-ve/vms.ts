@@ -138,10 +138,14 @@ export class Vms {
     }
   }
 
-  private async machine(ref: Ref, cur: Current): Promise<Machine> {
+  private async machine(ref: Ref, first: Current): Promise<Machine> {
+    let cur = first;
     const cached = this.info.get(ref.vmid);
     const info = cached && cached.node === ref.node && cached.name === cur.name ? cached : await this.learn(ref, cur.name);
-    const task = cur.lock ? undefined : await this.runningTask(ref.vmid);
+    const pending = cur.lock ? undefined : this.pending.get(ref.vmid);
+    const task = pending ? await this.runningTask(ref.vmid) : undefined;
+    // The task ended between reading the VM and asking after it: the VM as read is from before its end.
+    if (pending && !task) cur = (await this.api.get<Current>(this.qemu(ref, "/status/current"))) ?? cur;
     const agent = cur.agent === undefined ? info.agent : agentOn(cur.agent);
     const addresses = cur.status === "running" && agent ? await this.agentAddresses(ref, info.staticIps) : info.staticIps;
     return { externalId: String(ref.vmid), instanceId: info.marker.instanceId, status: statusOf(cur, task), addresses };

@@ -117,10 +117,10 @@ export async function buildNodeSpecChange(
   held: ReadonlySet<string>,
 ): Promise<NodeSpecChange> {
   const head = await nodeHead(sql, nodeId);
-  const set = await sql.query<{ id: string; generation: number }>(
-    `SELECT i.id, i.spec_generation AS generation FROM instances i WHERE ${IN_SET}`,
-    [nodeId, HELD_STATES],
-  );
+  const set = await sql.query<{ id: string; generation: number }>(`SELECT i.id, i.spec_generation AS generation FROM instances i WHERE ${IN_SET}`, [
+    nodeId,
+    HELD_STATES,
+  ]);
   const changed = set.filter((r) => r.generation > since || !held.has(r.id)).map((r) => r.id);
   const rows = changed.length ? await sql.query<SpecRow>(SPEC_ROWS(`${IN_SET} AND i.id = ANY($3::text[])`), [nodeId, HELD_STATES, changed]) : [];
   const now = new Set(set.map((r) => r.id));
