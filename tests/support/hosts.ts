@@ -10,6 +10,7 @@ import { CreateFlavorDocument, CreateJoinTokenDocument, CreatePoolDocument, Inst
 import { startWorker } from "../../worker/index.ts";
 import { sha256Of, until } from "./fixtures.ts";
 import { type Harness, startHarness } from "./harness.ts";
+import { invariantViolations, ledger } from "./ledger.ts";
 
 /** Timing for host tests: short graces so lost hosts and orphans are seen in seconds, not minutes. */
 export const hostEnv = { NODE_LOST_GRACE_MS: "1500", ORPHAN_GRACE_MS: "500", RECONCILE_SWEEP_MS: "300", MAX_RECREATE_ATTEMPTS: "3" };
@@ -100,4 +101,16 @@ export async function eventViolations(h: { platform: Pick<Harness["platform"], "
     prev = e;
   }
   return out;
+}
+
+/**
+ * The books once everything is deleted: the invariants hold, every event moved along the state table once per
+ * version, and nothing is held — no allocation, address lease, GPU or quota charge.
+ */
+export async function expectNothingHeld(platform: Pick<Harness["platform"], "db">): Promise<void> {
+  expect(await invariantViolations(platform)).toEqual([]);
+  expect(await eventViolations({ platform })).toEqual([]);
+  const l = await ledger(platform);
+  expect(l.counts).toMatchObject({ allocations: 0, leases: 0, gpus_held: 0 });
+  expect(l.usage).toEqual([]);
 }
