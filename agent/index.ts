@@ -56,6 +56,10 @@ export async function startAgent(opts: AgentOptions) {
   // A request the server never answers (a connection lost on the way, a server stuck) must not silence the host:
   // reports and command reports give up, and the next report or retry goes on a new request.
   const http = createClient({ url: opts.server, token: identity.credential, timeoutMs: REQUEST_TIMEOUT_MS });
+  // Reports go over the websocket the spec and commands come on while it is open (no request to make, parse and
+  // authenticate each time: a warm claim waits on one), and over HTTP while it is not.
+  let ws: Awaited<ReturnType<typeof createWsClient>> | undefined;
+  const call: typeof http.request = (doc, ...vars) => (ws?.connected() ? ws.request(doc, ...vars) : http.request(doc, ...vars));
   const locks = new InstanceLocks();
   const converger = new Converger(opts.runtime, (id, e) => log("runtime refused", { id, err: String(e) }), locks);
   const commands = new CommandRunner({
@@ -65,7 +69,7 @@ export async function startAgent(opts: AgentOptions) {
     log,
     send: async (report) => {
       try {
-        await http.request(ReportCommandDocument, { report });
+        await call(ReportCommandDocument, { report });
       } catch (e) {
         // The server's final word on the report (it knows no such command of this node, or refuses the
         // report's shape): sending it again would get the same answer forever.
@@ -76,7 +80,7 @@ export async function startAgent(opts: AgentOptions) {
     },
     sendOutput: async (commandId, chunks) => {
       try {
-        await http.request(ReportExecOutputDocument, { commandId, chunks });
+        await call(ReportExecOutputDocument, { commandId, chunks });
       } catch (e) {
         // As for reports: the server's final word on this output; it would refuse it again.
         if (e instanceof SdkError && (e.code === "NOT_FOUND" || e.code === "INVALID_INPUT"))
@@ -108,7 +112,7 @@ export async function startAgent(opts: AgentOptions) {
         // Taken after the wait: a report made meanwhile replaced this one.
         const next = unsent as StatusReport;
         unsent = null;
-        await http.request(ReportStatusDocument, { report: next }).catch((e) => log("report failed", { err: String(e) }));
+        await call(ReportStatusDocument, { report: next }).catch((e) => log("report failed", { err: String(e) }));
       }
       sending = null;
     })();
@@ -171,9 +175,10 @@ export async function startAgent(opts: AgentOptions) {
   const ended = new Promise<string>((resolve) => {
     giveUp = resolve;
   });
-  const ws = await createWsClient({
+  ws = await createWsClient({
     url: opts.server,
     token: identity.credential,
+    timeoutMs: REQUEST_TIMEOUT_MS,
     onConnected: () => {
       log("connected");
       void commands.resendUnconfirmed().catch((e) => log("re-sending command reports failed", { err: String(e) }));

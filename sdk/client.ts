@@ -67,6 +67,8 @@ export interface WsClientOptions {
   retryAttempts?: number;
   /** Close codes after which retrying cannot help; the subscription then fails with the close (default 4401). */
   fatalCloseCodes?: number[];
+  /** `request` gives up (it rejects, and the operation is cancelled) after this long without its answer; no limit by default. */
+  timeoutMs?: number;
 }
 
 /**
@@ -76,6 +78,7 @@ export interface WsClientOptions {
 export async function createWsClient(opts: WsClientOptions) {
   const { createClient: createGraphqlWs } = await import("graphql-ws");
   const WebSocketImpl = (globalThis as { WebSocket?: unknown }).WebSocket ?? (await import("ws")).WebSocket;
+  let connected = false;
   const client = createGraphqlWs({
     url: opts.url.replace(/^http/, "ws"),
     webSocketImpl: WebSocketImpl,
@@ -83,12 +86,41 @@ export async function createWsClient(opts: WsClientOptions) {
     retryAttempts: opts.retryAttempts ?? Number.POSITIVE_INFINITY,
     shouldRetry: (e) => !(opts.fatalCloseCodes ?? [4401]).includes((e as { code?: number })?.code ?? 0),
     retryWait: async (retries) => new Promise((r) => setTimeout(r, Math.min(10_000, 250 * 2 ** retries) * (0.5 + Math.random() / 2))),
-    on: { connected: () => opts.onConnected?.() },
+    on: {
+      connected: () => {
+        connected = true;
+        opts.onConnected?.();
+      },
+      closed: () => {
+        connected = false;
+      },
+    },
     lazy: false,
     // The subscription that fails reports it; graphql-ws would also print it to the console.
     onNonLazyError: () => {},
   });
-  return {
+  const ws = {
+    /** Whether the socket is open now: a request made while it is not waits for the next connection. */
+    connected: () => connected,
+    /**
+     * A query or mutation over the socket, as `request` sends it over HTTP: no request of its own to make,
+     * parse and authenticate (the socket was, once). Sent again after a reconnection if it had no answer yet.
+     */
+    async request<R, V extends Record<string, unknown>>(doc: TypedDocumentNode<R, V>, ...vars: V extends Record<string, never> ? [] | [V] : [V]): Promise<R> {
+      const it = ws.subscribe(doc, vars[0] as V | undefined);
+      let timer: ReturnType<typeof setTimeout> | undefined;
+      const late = new Promise<never>((_, reject) => {
+        if (opts.timeoutMs) timer = setTimeout(() => reject(new Error(`no answer within ${opts.timeoutMs} ms`)), opts.timeoutMs);
+      });
+      try {
+        const r = await Promise.race([it.next(), late]);
+        if (r.done) throw new Error("the server completed the operation without a result");
+        return r.value;
+      } finally {
+        clearTimeout(timer);
+        void it.return?.();
+      }
+    },
     /** Yields each result; ends when the server completes it; throws an SdkError for GraphQL errors. */
     subscribe<R, V extends Record<string, unknown>>(doc: TypedDocumentNode<R, V>, variables?: V): AsyncIterableIterator<R> {
       const it = client.iterate<R>({ query: source(doc), variables: variables ?? {} });
@@ -117,5 +149,6 @@ export async function createWsClient(opts: WsClientOptions) {
     },
     dispose: () => client.dispose(),
   };
+  return ws;
 }
 export * from "./watch.ts";

@@ -197,24 +197,49 @@ async function checkout(pool: pg.Pool): Promise<{ client: pg.PoolClient; release
   };
 }
 
+/**
+ * A transaction on one pooled connection. BEGIN rides on the transaction's first statement (one message: BEGIN,
+ * then EXECUTE of that statement prepared on the connection), and a write whose last statement carries COMMIT
+ * (`commitWith`) ends in that statement's message: every round trip to the server costs a wake-up of two
+ * processes, and a short write is mostly those. A transaction that sent nothing sends neither.
+ */
 async function pgTransaction<T>(pool: pg.Pool, fn: (sql: Sql) => Promise<T>): Promise<T> {
   const { client, release } = await checkout(pool);
+  /** BEGIN sent (with a statement or alone): what follows is in the transaction, or after its end. */
+  let begun = false;
   let open = false;
   let committedEarly = false;
+  /** `text` as the transaction's first statement: in one message with BEGIN when its parameters allow. */
+  const first = async (text: string, params: readonly unknown[] | undefined): Promise<pg.QueryResult> => {
+    const args = params?.length ? literals(params) : "";
+    const statement = args === null ? null : params?.length ? `EXECUTE ${await prepareOn(client, text)}(${args})` : text;
+    begun = true;
+    open = true;
+    if (statement === null) {
+      await client.query("BEGIN");
+      return client.query(prepared(text, params));
+    }
+    const results = (await client.query(`BEGIN; ${statement}`)) as unknown as pg.QueryResult[];
+    return results[1] as pg.QueryResult;
+  };
   const sql: Sql = {
     query: async <R>(text: string, params?: readonly unknown[]) => {
       // A write that goes on after its last statement would write outside its transaction.
       if (committedEarly) throw new Error("this transaction was committed by its last statement (commitWith)");
+      if (!begun) return (await first(text, params)).rows as R[];
       return (await client.query(prepared(text, params))).rows as R[];
     },
     commitWith: async <R>(text: string, params: readonly unknown[]) => {
+      const args = params.map(literal).join(", ");
       const name = await prepareOn(client, text);
+      const begin = begun ? "" : "BEGIN; ";
+      begun = true;
       open = false;
       committedEarly = true;
       try {
         // One simple-protocol message: the statement, then COMMIT, which PostgreSQL skips if the statement fails.
-        const results = (await client.query(`EXECUTE ${name}(${params.map(literal).join(", ")}); COMMIT`)) as unknown as pg.QueryResult[];
-        return results[0]?.rows as R[];
+        const results = (await client.query(`${begin}EXECUTE ${name}(${args}); COMMIT`)) as unknown as pg.QueryResult[];
+        return results[begin ? 1 : 0]?.rows as R[];
       } catch (e) {
         await client.query("ROLLBACK").catch(() => {});
         // Rolled back: what the caller reads next to explain the failure runs on its own.
@@ -224,8 +249,6 @@ async function pgTransaction<T>(pool: pg.Pool, fn: (sql: Sql) => Promise<T>): Pr
     },
   };
   try {
-    await client.query("BEGIN");
-    open = true;
     const result = await fn(sql);
     if (open) await client.query("COMMIT");
     return result;
@@ -234,6 +257,15 @@ async function pgTransaction<T>(pool: pg.Pool, fn: (sql: Sql) => Promise<T>): Pr
     throw e;
   } finally {
     release();
+  }
+}
+
+/** Every parameter as a literal EXECUTE can take, or null if one has none (it then goes apart, as usual). */
+function literals(params: readonly unknown[]): string | null {
+  try {
+    return params.map(literal).join(", ");
+  } catch {
+    return null;
   }
 }
 

@@ -87,3 +87,49 @@ describe("Sql.commitWith", () => {
     expect(kept?.n).toBe(1);
   });
 });
+
+describe("a transaction's first statement carries its BEGIN", () => {
+  const count = async (t: string) => (await db.read((sql) => sql.query<{ n: number }>(`SELECT count(*)::int AS n FROM cw WHERE t = $1`, [t])))[0]?.n ?? 0;
+
+  it("runs inside the transaction: a later failure takes its write back, a commit keeps it", async () => {
+    const marker = `first-${Date.now()}`;
+    await expect(
+      db.transaction(async (sql) => {
+        const [row] = await sql.query<{ t: string; at: Date }>(`INSERT INTO cw (t, at) VALUES ($1, $2) RETURNING t, at`, [
+          marker,
+          new Date("2026-12-02T00:00:00Z"),
+        ]);
+        expect(row).toEqual({ t: marker, at: new Date("2026-12-02T00:00:00Z") });
+        throw new Error("changed my mind");
+      }),
+    ).rejects.toThrow(/changed my mind/);
+    expect(await count(marker)).toBe(0);
+    // A statement without parameters goes with BEGIN as it is; one whose parameter has no literal (an object, for
+    // node-postgres to serialise) goes after a BEGIN of its own. Both are inside the transaction.
+    await expect(
+      db.transaction(async (sql) => {
+        await sql.query(`INSERT INTO cw (t) VALUES ('${marker}')`);
+        await sql.query(`INSERT INTO cw (t, doc) VALUES ($1, $2)`, [marker, { nested: [marker] }]);
+        throw new Error("again");
+      }),
+    ).rejects.toThrow(/again/);
+    expect(await count(marker)).toBe(0);
+    await db.transaction(async (sql) => {
+      await sql.query(`INSERT INTO cw (t, doc) VALUES ($1, $2)`, [marker, { nested: [marker] }]);
+      await sql.query(`INSERT INTO cw (t, n) VALUES ($1, $2)`, [marker, 7]);
+    });
+    expect(await count(marker)).toBe(2);
+  });
+
+  it("rolls back when the first statement itself fails, and the connection serves the next transaction", async () => {
+    const marker = `first-fails-${Date.now()}`;
+    await expect(db.transaction((sql) => sql.query(`INSERT INTO cw (t, n) VALUES ($1, $2)`, [marker, "not a number"]))).rejects.toThrow(/invalid input syntax/);
+    // poolSize 1: the same connection, which must not be left inside an aborted transaction.
+    const [row] = await db.transaction((sql) => sql.query<{ t: string }>(`INSERT INTO cw (t) VALUES ($1) RETURNING t`, [marker]));
+    expect(row?.t).toBe(marker);
+    expect(await count(marker)).toBe(1);
+    // A transaction that sends nothing commits nothing and leaves the connection as it was.
+    await expect(db.transaction(async () => 42)).resolves.toBe(42);
+    expect(await count(marker)).toBe(1);
+  });
+});
