@@ -54,6 +54,8 @@ export class CommandRunner {
   private readonly log: NonNullable<CommandRunnerOptions["log"]>;
   private readonly retry: Required<NonNullable<CommandRunnerOptions["retry"]>>;
   private readonly inflight = new Map<string, Promise<void>>();
+  /** The pauses and resumes running now. */
+  private readonly power = new Set<Promise<void>>();
   /** Per command, the newest report not yet delivered and the loop delivering it. */
   private readonly outbox = new Map<string, { report: CommandReport; done: Promise<void> }>();
   private readonly closing = new AbortController();
@@ -134,6 +136,16 @@ export class CommandRunner {
     await Promise.race([Promise.allSettled(pending), sleep(maxMs, undefined, { ref: false })]);
   }
 
+  /**
+   * Resolves once the pauses and resumes under way when called have run, or after `maxMs`. The converger waits
+   * on it before a pass: a resume (what a warm claim waits on) then has the hypervisor to itself, instead of
+   * queueing behind the pass's look at every domain, which the spec change that comes with it sets off.
+   */
+  async powerDone(maxMs: number): Promise<void> {
+    if (!this.power.size) return;
+    await Promise.race([Promise.allSettled([...this.power]), sleep(maxMs, undefined, { ref: false })]);
+  }
+
   /** Resolves once every command taken so far has run. */
   async settled(): Promise<void> {
     while (this.inflight.size > 0) await Promise.allSettled([...this.inflight.values()]);
@@ -162,7 +174,11 @@ export class CommandRunner {
   }
 
   private async handle(cmd: HostCommand): Promise<void> {
-    if (cmd.kind === "instance.resume" || cmd.kind === "instance.pause") return this.power(cmd);
+    if (cmd.kind === "instance.resume" || cmd.kind === "instance.pause") {
+      const run = this.runPower(cmd);
+      this.power.add(run);
+      return run.finally(() => this.power.delete(run));
+    }
     const known = await this.journal.read(cmd.id);
     if (known && known.state !== "running") return this.deliver(finalReport(known));
     // Running in the journal but not in this process: an earlier one died in it.
@@ -194,7 +210,7 @@ export class CommandRunner {
    * instance is taken at once, before anything is awaited, so the spec change that comes with it finds it held
    * and the converger leaves it to this command instead of listing the host's domains ahead of it.
    */
-  private async power(cmd: PowerCommand): Promise<void> {
+  private async runPower(cmd: PowerCommand): Promise<void> {
     const lease = await this.o.locks.acquire(cmd.args.instanceId);
     let outcome: Outcome;
     try {

@@ -43,6 +43,8 @@ const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
 const REQUEST_TIMEOUT_MS = 15_000;
 /** The longest a status report waits for the command reports ahead of it (commands.ts, reportsSent). */
 const REPORT_BEHIND_COMMANDS_MS = 1_000;
+/** The longest a converge pass waits for the pauses and resumes under way (commands.ts, powerDone). */
+const POWER_FIRST_MS = 1_000;
 
 /**
  * A host agent: joins once, then subscribes to its node's spec, converges the runtime to the newest spec it
@@ -130,6 +132,7 @@ export async function startAgent(opts: AgentOptions) {
   // last check of what is wanted, so nothing asked for in between is left undone.
   const loop = async () => {
     while ((wantPass || wantReport) && !closed) {
+      await commands.powerDone(POWER_FIRST_MS);
       const spec = wantPass ? latest : null;
       wantPass = false;
       wantReport = false;

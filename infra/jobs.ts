@@ -45,22 +45,20 @@ export const queueName = (name: JobName) => name.replace(/[^A-Za-z0-9_.-]/g, "-"
 const WOKEN_TTL_MS = 10 * 60_000;
 
 export function bullJobs(opts: { redisUrl: string; prefix: string }): Jobs {
-  const connection = { url: opts.redisUrl };
+  // One connection for every queue and the wake-up marks, made now: the first enqueue of each job (a warm
+  // claim's deadline, say) does not wait for a connection of its own. Reconnects by itself; a mark or add that
+  // fails while Redis is away fails its enqueue, which the sweep covers.
+  const redis = new Redis(opts.redisUrl).on("error", () => {});
   const queues = new Map<JobName, Queue>();
   const queueFor = (name: JobName) => {
     let q = queues.get(name);
     if (!q) {
-      q = new Queue(queueName(name), { connection, prefix: opts.prefix });
+      q = new Queue(queueName(name), { connection: redis, prefix: opts.prefix });
       queues.set(name, q);
     }
     return q;
   };
-  let redis: Redis | null = null;
-  const marks = () => {
-    // Reconnects by itself; a mark that fails while Redis is away fails its enqueue, which the sweep covers.
-    redis ??= new Redis(opts.redisUrl).on("error", () => {});
-    return redis;
-  };
+  const marks = () => redis;
   const wokenKey = (name: JobName, id: string) => `${opts.prefix}:woken:${queueName(name)}:${id}`;
   async function enqueue<N extends JobName>(name: N, payload: JobPayload<N>, opts: { delayMs?: number } = {}): Promise<void> {
     const spec = jobCatalog[name];
@@ -97,8 +95,9 @@ export function bullJobs(opts: { redisUrl: string; prefix: string }): Jobs {
           if (job.id) await marks().del(wokenKey(name, job.id));
           return timed(name, observe, () => handlers[name](spec.payload.parse(job.data) as never));
         };
+        // Workers block on their connections: each makes its own from the URL.
         const worker = new Worker(queueName(name), processJob, {
-          connection,
+          connection: { url: opts.redisUrl },
           prefix: opts.prefix,
           concurrency: spec.concurrency,
           // Jobs are short; short locks (renewed while a job runs) let another worker take over a dead
@@ -134,7 +133,7 @@ export function bullJobs(opts: { redisUrl: string; prefix: string }): Jobs {
     },
     async close() {
       await Promise.all([...queues.values()].map((q) => q.close()));
-      redis?.disconnect();
+      redis.disconnect();
     },
   };
 }

@@ -118,22 +118,29 @@ export async function openPlatform(config: Config, opts: PlatformOptions = {}): 
     }
   }
 
-  /** Publishing and waking are hints: a failure here delays convergence (the sweep re-finds it), never loses state. */
+  /**
+   * Publishing and waking are hints: a failure here delays convergence (the sweep re-finds it), never loses state.
+   * The jobs go to the queue at once, not one after another: each is a few round trips to Redis, and a warm
+   * claim's answer (and the host's report coming in meanwhile) would wait for all of them in turn.
+   */
   async function apply(w: Write): Promise<void> {
+    const enqueued: Promise<void>[] = [];
     try {
       for (const e of w.events) bus.publish("instanceEvents", e);
       counts.eventsPublished += w.events.length;
       for (const commandId of w.execOutputs) bus.publish("execOutput", { commandId }, commandId);
-      for (const instanceId of w.wakes) if (!w.settled.has(instanceId)) await jobs.enqueue("vps.instances", { instanceId });
-      for (const accountId of w.providerAccounts) await jobs.enqueue("vps.providers", { accountId });
-      for (const tenantId of w.tenantsToTearDown) await jobs.enqueue("vps.tenants", { tenantId });
-      if (w.sandboxes) await jobs.enqueue("vps.sandboxes", {}, { delayMs: w.sandboxes.delayMs });
+      for (const instanceId of w.wakes) if (!w.settled.has(instanceId)) enqueued.push(jobs.enqueue("vps.instances", { instanceId }));
+      for (const accountId of w.providerAccounts) enqueued.push(jobs.enqueue("vps.providers", { accountId }));
+      for (const tenantId of w.tenantsToTearDown) enqueued.push(jobs.enqueue("vps.tenants", { tenantId }));
+      if (w.sandboxes) enqueued.push(jobs.enqueue("vps.sandboxes", {}, { delayMs: w.sandboxes.delayMs }));
       // Deadlines are on the platform's clock; the delay is measured from the write's own time.
       for (const [sandboxId, at] of w.deadlines)
-        await jobs.enqueue("vps.sandbox.expire", { sandboxId }, { delayMs: Math.max(0, at.getTime() - w.now.getTime()) });
+        enqueued.push(jobs.enqueue("vps.sandbox.expire", { sandboxId }, { delayMs: Math.max(0, at.getTime() - w.now.getTime()) }));
     } catch (err) {
       log.warn("after-commit effects failed", { actor: w.actor, err: String(err) });
     }
+    for (const r of await Promise.allSettled(enqueued))
+      if (r.status === "rejected") log.warn("after-commit effects failed", { actor: w.actor, err: String(r.reason) });
   }
 
   const sequence = eventSequencer(db);

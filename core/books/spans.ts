@@ -56,6 +56,19 @@ export async function closeSpan(w: Write, allocationId: string): Promise<void> {
   await w.sql.query(`UPDATE meter_spans SET ended_at = GREATEST($2, metered_until) WHERE allocation_id = $1 AND ended_at IS NULL`, [allocationId, w.now]);
 }
 
+/**
+ * Hand an allocation to its next owner (a warm claim: the operator's span ends, the tenant's begins): both in one
+ * statement, the close first (the new span's insert waits on it), at the same instant as closeSpan and openSpan.
+ */
+export async function handOverSpan(w: Write, allocationId: string, owner: SpanOwner): Promise<void> {
+  const p = (k: number) => `$${k + 1}`;
+  await w.sql.query(
+    `WITH closed AS (UPDATE meter_spans SET ended_at = GREATEST(${p(6)}::timestamptz, metered_until) WHERE allocation_id = ${p(1)} AND ended_at IS NULL RETURNING 1)
+     ${openSpanSql(p, "allocations a", `a.id = ${p(1)} AND (SELECT count(*) FROM closed) >= 0`)}`,
+    spanParams(w, allocationId, owner),
+  );
+}
+
 /** Who an instance's allocation is metered to now: the operator while it is an unclaimed warm instance. */
 export const spanOwner = (inst: Pick<Instance, "id" | "tenantId" | "projectId" | "warmTemplateId" | "claimedAt">): SpanOwner => {
   const warm = inst.warmTemplateId !== null && inst.claimedAt === null;

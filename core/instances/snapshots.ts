@@ -117,50 +117,63 @@ export async function settleCommands(w: Write, inst: Instance): Promise<Instance
     const expired = !FINAL_STATES.includes(c.state) && c.deadline <= w.now;
     if (!FINAL_STATES.includes(c.state) && !expired) continue;
     await settleCommand(w, c.id, expired ? "expired" : undefined);
-    // An exec changes nothing of the instance: its watchers have its output and its end.
-    if (c.kind === "instance.exec") continue;
-    // A pause or resume the host did: the instance is where it was asked to be (its next report says so too).
-    // One that failed is left to the spec, which asks for the same and is converged and reported as usual.
-    const power = POWER_MOVES[c.kind];
-    if (power) {
-      const ok = c.state === "succeeded";
-      if (ok && inst.state === power.from && inst.desiredState === power.to) {
-        // Where its owner wants it: no reconcile pass is owed for this change.
-        w.settle(inst.id);
-        return writeChange(w, inst, { state: power.to }, power.reason);
-      }
-      continue;
-    }
-    const outcome: Outcome = expired ? { ok: false, error: `the host did not finish ${c.kind} before its deadline` } : outcomeOf(c);
-    const snapshotId = String(c.args.snapshotId);
-    if (c.kind === "instance.snapshot") {
-      await w.sql.query(
-        `UPDATE instance_snapshots SET state = $2::text, size_bytes = $3::bigint, error = $4::text,
-                ready_at = CASE WHEN $2::text = 'ready' THEN $5::timestamptz ELSE NULL END
-          WHERE id = $1 AND state = 'creating'`,
-        [snapshotId, outcome.ok ? "ready" : "failed", outcome.ok ? outcome.sizeBytes : null, outcome.ok ? null : outcome.error, w.now],
-      );
-      return writeChange(w, inst, {}, outcome.ok ? "snapshot:ready" : "snapshot:failed");
-    }
-    return writeChange(w, inst, {}, outcome.ok ? "restored" : "restore:failed");
+    const changed = await applyOutcome(w, inst, c, expired);
+    if (changed) return changed;
   }
   return null;
+}
+
+/** What one settled command does to its instance (null: nothing, and the next command is looked at). */
+async function applyOutcome(w: Write, inst: Instance, c: HostCommandRow, expired: boolean): Promise<Instance | null> {
+  // An exec changes nothing of the instance: its watchers have its output and its end.
+  if (c.kind === "instance.exec") return null;
+  // A pause or resume the host did: the instance is where it was asked to be (its next report says so too).
+  // One that failed is left to the spec, which asks for the same and is converged and reported as usual.
+  const power = POWER_MOVES[c.kind];
+  if (power) {
+    if (c.state !== "succeeded" || inst.state !== power.from || inst.desiredState !== power.to) return null;
+    // Where its owner wants it: no reconcile pass is owed for this change.
+    w.settle(inst.id);
+    return writeChange(w, inst, { state: power.to }, power.reason);
+  }
+  const outcome: Outcome = expired ? { ok: false, error: `the host did not finish ${c.kind} before its deadline` } : outcomeOf(c);
+  const snapshotId = String(c.args.snapshotId);
+  if (c.kind === "instance.snapshot") {
+    await w.sql.query(
+      `UPDATE instance_snapshots SET state = $2::text, size_bytes = $3::bigint, error = $4::text,
+              ready_at = CASE WHEN $2::text = 'ready' THEN $5::timestamptz ELSE NULL END
+        WHERE id = $1 AND state = 'creating'`,
+      [snapshotId, outcome.ok ? "ready" : "failed", outcome.ok ? outcome.sizeBytes : null, outcome.ok ? null : outcome.error, w.now],
+    );
+    return writeChange(w, inst, {}, outcome.ok ? "snapshot:ready" : "snapshot:failed");
+  }
+  return writeChange(w, inst, {}, outcome.ok ? "restored" : "restore:failed");
 }
 
 /**
  * A host's report on one of its commands. A final one is settled into its instance in the report's own
  * transaction (a warm claim waits on its resume; a snapshot is ready as soon as its host says so); the instance
- * is locked before the command, in the reconciler's order. The reconciler still settles whatever this misses.
+ * is locked before the command, in the reconciler's order. When no other command of the instance waits to be
+ * settled (the common case), the one statement that records the report also settles it, and its outcome is
+ * applied at once: four statements from report to commit, where the host's answer is what a caller waits on.
+ * The reconciler still settles whatever this misses.
  */
 export async function recordHostReport(w: Write, nodeId: string, report: CommandReport): Promise<HostCommandRow> {
-  if (report.state === "running") return recordCommandReport(w, nodeId, report);
-  const inst = await one<Instance>(
+  if (report.state === "running") return (await recordCommandReport(w, nodeId, report)).row;
+  const inst = await one<Instance & { behind: boolean }>(
     w.sql,
-    `SELECT ${INSTANCE_COLUMNS} FROM instances WHERE id = (SELECT instance_id FROM host_commands WHERE id = $1 AND node_id = $2) FOR UPDATE`,
+    `SELECT ${INSTANCE_COLUMNS},
+            EXISTS (SELECT 1 FROM host_commands o WHERE o.instance_id = instances.id AND o.settled_at IS NULL AND o.id <> $1) AS behind
+       FROM instances WHERE id = (SELECT instance_id FROM host_commands WHERE id = $1 AND node_id = $2) FOR UPDATE`,
     [report.id, nodeId],
   );
-  const row = await recordCommandReport(w, nodeId, report);
-  if (inst) await settleCommands(w, inst);
+  const alone = inst !== undefined && !inst.behind && inst.state !== "deleted";
+  const { row, changed } = await recordCommandReport(w, nodeId, report, { settle: alone });
+  if (!inst) return row;
+  const { behind: _, ...locked } = inst;
+  if (alone) {
+    if (changed) await applyOutcome(w, locked, row, false);
+  } else await settleCommands(w, locked);
   return row;
 }
 

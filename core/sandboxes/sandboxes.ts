@@ -2,7 +2,7 @@ import { z } from "zod";
 import { AppError, invalid, notFound } from "../../contracts/errors.ts";
 import type { Principal } from "../auth/principal.ts";
 import { visibleTo } from "../auth/principal.ts";
-import { closeSpan, openSpan, spanOwner } from "../books/spans.ts";
+import { handOverSpan, spanOwner } from "../books/spans.ts";
 import { chargeOf } from "../catalog/shapes.ts";
 import { type AdmissionDeps, admitInstance } from "../instances/admission.ts";
 import { lockInstance, writeChange } from "../instances/changes.ts";
@@ -15,7 +15,8 @@ import { enqueueCommand, POWER_COMMAND_MS } from "../pools/hosted/commands.ts";
 import { chargeQuota } from "../tenancy/quota.ts";
 import { lockSandbox, SANDBOX_COLUMNS, type Sandbox } from "./model.ts";
 import { restorable } from "./snapshots.ts";
-import { type SandboxTemplate, TEMPLATE_COLUMNS } from "./templates.ts";
+import { envOf, type SandboxTemplate, TEMPLATE_COLUMNS } from "./templates.ts";
+import { REFILL_DELAY_MS } from "./warm.ts";
 
 export { lockSandbox, SANDBOX_COLUMNS, type Sandbox } from "./model.ts";
 
@@ -34,13 +35,8 @@ const createInput = z.object({
 });
 export type CreateSandboxInput = z.input<typeof createInput>;
 
-const REFILL_DELAY_MS = 500;
-
 /** Like instance ids: who asked and their key decide the id, so a replayed create lands on the same row. */
 const sandboxId = (tenantId: string, callerId: string, key: string) => derivedId("sbx", ["sandbox", tenantId, callerId, key], 32);
-
-/** Environment as the host spec carries it. */
-export const envOf = (t: Pick<SandboxTemplate, "env">) => Object.fromEntries(t.env.map((e) => [e.name, e.value]));
 
 export async function createSandbox(w: Write, deps: AdmissionDeps, who: Principal & { tenantId: string }, raw: CreateSandboxInput): Promise<Sandbox> {
   const input = parseInput(createInput, raw);
@@ -79,8 +75,7 @@ export async function createSandbox(w: Write, deps: AdmissionDeps, who: Principa
     warm,
   });
   w.audit({ targetId: id, tenantId: who.tenantId, details: { templateId: t.id, version: t.version, instanceId: inst.id, warm } });
-  // A claim leaves the pool one short: the reconciler boots its replacement — a moment later, so the boot's
-  // writes and events do not queue ahead of the claimed guest's resume and its RUNNING event.
+  // A claim leaves the pool one short: the reconciler boots its replacement a moment later (warm.ts says why).
   if (warm) w.wakeSandboxes(REFILL_DELAY_MS);
   return sandbox;
 }
@@ -187,10 +182,7 @@ async function claimWarm(w: Write, t: SandboxTemplate, who: Principal & { tenant
     "sandbox:claimed",
   );
   // From now the allocation is the tenant's to pay for, not the operator's.
-  if (claimed.allocationId) {
-    await closeSpan(w, claimed.allocationId);
-    await openSpan(w, claimed.allocationId, spanOwner(claimed));
-  }
+  if (claimed.allocationId) await handOverSpan(w, claimed.allocationId, spanOwner(claimed));
   // The quota row after the node's (the change above bumps its spec), as admission and deletion take them:
   // the other way round, a claim and an instance reaching `deleted` on that node deadlocked.
   await chargeQuota(w.sql, who.tenantId, charge);

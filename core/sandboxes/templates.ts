@@ -35,6 +35,9 @@ export interface SandboxTemplate {
   updatedAt: Date;
 }
 
+/** A template's environment as the host spec carries it. */
+export const envOf = (t: Pick<SandboxTemplate, "env">) => Object.fromEntries(t.env.map((e) => [e.name, e.value]));
+
 export const TEMPLATE_COLUMNS = `id, tenant_id AS "tenantId", name, version, pool_id AS "poolId", flavor, image_id AS "imageId", env, network,
   ttl_seconds AS "ttlSeconds", max_ttl_seconds AS "maxTtlSeconds", warm_target AS "warmTarget",
   created_by AS "createdBy", created_at AS "createdAt", updated_at AS "updatedAt"`;

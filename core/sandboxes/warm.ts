@@ -3,8 +3,7 @@ import { isAppError } from "../../contracts/errors.ts";
 import { type AdmissionDeps, admitInstance } from "../instances/admission.ts";
 import { lockInstance, writeChange } from "../instances/changes.ts";
 import type { Write } from "../kernel/write.ts";
-import { envOf } from "./sandboxes.ts";
-import { type SandboxTemplate, TEMPLATE_COLUMNS } from "./templates.ts";
+import { envOf, type SandboxTemplate, TEMPLATE_COLUMNS } from "./templates.ts";
 
 /**
  * The sandboxes reconciler's two duties (the `vps.sandboxes` job): deadlines and warm pools.
@@ -29,16 +28,28 @@ export async function expireSandboxes(w: Write, sandboxId?: string, now: Date = 
   return due.length;
 }
 
+/**
+ * A claim leaves its pool one short, and the claim wakes this reconciler REFILL_DELAY_MS later to boot the
+ * replacement: a boot's writes, its spec change and the host's work to define and start a domain would
+ * otherwise compete with the claimed guest's resume and its RUNNING event. A periodic round that comes sooner
+ * leaves such a pool alone for CLAIM_QUIET_MS after its last claim (less than the delay, so the claim's own
+ * wake-up always finds the pool free to grow, whatever the two processes' clocks say).
+ */
+export const REFILL_DELAY_MS = 500;
+const CLAIM_QUIET_MS = 250;
+
 /** Bring one template's warm pool to its target. Returns what it did, for logs and tests. */
 export async function tendPool(w: Write, deps: AdmissionDeps, t: SandboxTemplate): Promise<{ booted: number; drained: number; error?: string }> {
-  const live = await w.sql.query<{ id: string; version: number; state: string }>(
-    `SELECT id, warm_template_version AS version, state FROM instances
-      WHERE warm_template_id = $1 AND claimed_at IS NULL AND desired_state <> 'deleted' ORDER BY created_at DESC`,
-    [t.id],
+  const live = await w.sql.query<{ id: string; version: number; state: string; claimedRecently: boolean }>(
+    `SELECT id, warm_template_version AS version, state,
+            EXISTS (SELECT 1 FROM instances c WHERE c.warm_template_id = $1 AND c.claimed_at > $2) AS "claimedRecently"
+       FROM instances WHERE warm_template_id = $1 AND claimed_at IS NULL AND desired_state <> 'deleted' ORDER BY created_at DESC`,
+    [t.id, new Date(w.now.getTime() - CLAIM_QUIET_MS)],
   );
   const current = live.filter((i) => i.version === t.version);
   const drain = [...live.filter((i) => i.version !== t.version), ...current.slice(0, Math.max(0, current.length - t.warmTarget))];
   await drainWarm(w, drain);
+  if (live[0]?.claimedRecently) return { booted: 0, drained: drain.length };
   let booted = 0;
   try {
     for (let n = current.length; n < t.warmTarget; n++) {

@@ -102,3 +102,39 @@ describe("after commit", () => {
     expect(await queue.getWaitingCount()).toBe(before);
   });
 });
+
+describe("the bus on Redis", () => {
+  it("hands a message to its own process's subscribers once (not again when Redis brings it back), and to others through Redis", async () => {
+    // Two processes' buses on one prefix.
+    const prefix = `${h.redisPrefix}:bus`;
+    const [a, b] = [await openBus({ redisUrl, prefix }), await openBus({ redisUrl, prefix })];
+    const heard = { a: [] as string[], b: [] as string[] };
+    const listen = (bus: typeof a, into: string[]) => {
+      const sub = bus.subscribe("execOutput", "k");
+      void (async () => {
+        for await (const m of sub) into.push(m.commandId);
+      })();
+      return sub;
+    };
+    const subs = [listen(a, heard.a), listen(b, heard.b)];
+    try {
+      // Subscribing is asynchronous: probes until each hears the other through Redis.
+      await expect.poll(() => (a.publish("execOutput", { commandId: "probe-a" }, "k"), heard.b.length), { timeout: 5000, interval: 50 }).toBeGreaterThan(0);
+      await expect
+        .poll(() => (b.publish("execOutput", { commandId: "probe-b" }, "k"), heard.a.includes("probe-b")), { timeout: 5000, interval: 50 })
+        .toBe(true);
+      a.publish("execOutput", { commandId: "one" }, "k");
+      await expect.poll(() => heard.b.includes("one"), { timeout: 5000, interval: 10 }).toBe(true);
+      // Once b has it, Redis has sent it back to a too; a message b sends now reaches a after that echo.
+      b.publish("execOutput", { commandId: "after" }, "k");
+      await expect.poll(() => heard.a.includes("after"), { timeout: 5000, interval: 10 }).toBe(true);
+      expect(heard.a.filter((m) => m === "one")).toEqual(["one"]);
+      expect(heard.b.filter((m) => m === "one")).toEqual(["one"]);
+      for (const seen of [heard.a, heard.b]) expect(seen.filter((m) => m === "after")).toEqual(["after"]);
+    } finally {
+      for (const s of subs) await s.return?.();
+      await a.close();
+      await b.close();
+    }
+  });
+});

@@ -66,18 +66,25 @@ export async function commandsForNode(sql: Sql, nodeId: string, now: Date): Prom
 
 /**
  * An agent's report on one of its node's commands. `running` acknowledges it; `succeeded` or `failed` finishes
- * it and wakes the reconciler to settle it. The first final word counts: a late or repeated report changes
- * nothing (nor does one after the deadline expired the command).
+ * it and wakes the reconciler to settle it — or, with `settle`, marks it settled in the same statement, for a
+ * caller that applies its outcome in this transaction. The first final word counts: a late or repeated report
+ * changes nothing (nor does one after the deadline expired the command); `changed` says which it was.
  */
-export async function recordCommandReport(w: Write, nodeId: string, report: CommandReport): Promise<HostCommandRow> {
+export async function recordCommandReport(
+  w: Write,
+  nodeId: string,
+  report: CommandReport,
+  opts: { settle?: boolean } = {},
+): Promise<{ row: HostCommandRow; changed: boolean }> {
   // One statement when the report changes something (the update waits for, and re-checks, a row another
   // writer holds); a second look only for a report that changes nothing.
   const finished = report.state !== "running";
   const [cmd] = finished
     ? await w.sql.query<HostCommandRow>(
-        `UPDATE host_commands SET state = $3, result = $4::jsonb, error = $5, started_at = COALESCE(started_at, $6), finished_at = $6
+        `UPDATE host_commands SET state = $3, result = $4::jsonb, error = $5, started_at = COALESCE(started_at, $6), finished_at = $6,
+                settled_at = CASE WHEN $7::boolean THEN $6::timestamptz END
           WHERE id = $1 AND node_id = $2 AND state IN ('pending', 'running') RETURNING ${COLUMNS}`,
-        [report.id, nodeId, report.state, report.result === null ? null : JSON.stringify(report.result), report.error, w.now],
+        [report.id, nodeId, report.state, report.result === null ? null : JSON.stringify(report.result), report.error, w.now, opts.settle ?? false],
       )
     : await w.sql.query<HostCommandRow>(
         `UPDATE host_commands SET state = 'running', started_at = $3 WHERE id = $1 AND node_id = $2 AND state = 'pending' RETURNING ${COLUMNS}`,
@@ -87,13 +94,13 @@ export async function recordCommandReport(w: Write, nodeId: string, report: Comm
     const known = await one<HostCommandRow>(w.sql, `SELECT ${COLUMNS} FROM host_commands WHERE id = $1 AND node_id = $2`, [report.id, nodeId]);
     if (!known) throw notFound("host command", report.id);
     w.unchanged();
-    return known;
+    return { row: known, changed: false };
   }
   if (finished && cmd.instanceId) w.wake(cmd.instanceId);
   // An exec's watchers read its end from this row.
   if (finished && cmd.kind === "instance.exec") w.execOutput(cmd.id);
   w.audit({ targetId: cmd.id, details: { kind: cmd.kind, instanceId: cmd.instanceId, state: report.state, error: report.error } });
-  return cmd;
+  return { row: cmd, changed: true };
 }
 
 /** The commands of an instance whose outcome the reconciler has yet to apply: finished, or past their deadline. */
