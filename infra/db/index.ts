@@ -230,13 +230,20 @@ async function pgTransaction<T>(pool: pg.Pool, fn: (sql: Sql) => Promise<T>): Pr
       return (await client.query(prepared(text, params))).rows as R[];
     },
     commitWith: async <R>(text: string, params: readonly unknown[]) => {
-      const args = params.map(literal).join(", ");
-      const name = await prepareOn(client, text);
+      const args = literals(params);
+      const name = args === null ? null : await prepareOn(client, text);
       const begin = begun ? "" : "BEGIN; ";
       begun = true;
       open = false;
       committedEarly = true;
       try {
+        if (name === null) {
+          // A parameter a query's text cannot carry: the statement goes apart, then COMMIT.
+          if (begin) await client.query("BEGIN");
+          const { rows } = await client.query(prepared(text, params));
+          await client.query("COMMIT");
+          return rows as R[];
+        }
         // One simple-protocol message: the statement, then COMMIT, which PostgreSQL skips if the statement fails.
         const results = (await client.query(`${begin}EXECUTE ${name}(${args}); COMMIT`)) as unknown as pg.QueryResult[];
         return results[begin ? 1 : 0]?.rows as R[];
@@ -290,7 +297,7 @@ async function prepareOn(client: pg.PoolClient, text: string): Promise<string> {
  */
 function literal(v: unknown): string {
   if (v === null || v === undefined) return "NULL";
-  if (typeof v === "string") return pg.escapeLiteral(v);
+  if (typeof v === "string") return pg.escapeLiteral(noNul(v));
   if (typeof v === "number") {
     if (!Number.isFinite(v)) throw new Error(`not a finite number: ${v}`);
     return `'${v}'`;
@@ -304,11 +311,20 @@ function literal(v: unknown): string {
         .map((e) => {
           if (e === null || e === undefined) return "NULL";
           if (typeof e === "object") throw new Error("only arrays of scalars are sent as literals");
-          return `"${String(e).replace(/\\/g, "\\\\").replace(/"/g, '\\"')}"`;
+          return `"${noNul(String(e)).replace(/\\/g, "\\\\").replace(/"/g, '\\"')}"`;
         })
         .join(",")}}`,
     );
   throw new Error(`no literal for a ${typeof v}`);
+}
+
+/**
+ * A query's text ends at its first NUL, so a string holding one has no literal: such a parameter goes apart
+ * from the query, where PostgreSQL refuses it as it refuses any NUL in text (22021, the caller's bad input).
+ */
+function noNul(s: string): string {
+  if (s.includes("\u0000")) throw new Error("a NUL has no literal");
+  return s;
 }
 
 function needPrisma(p: PrismaClient | null): PrismaClient {

@@ -133,3 +133,27 @@ describe("a transaction's first statement carries its BEGIN", () => {
     expect(await count(marker)).toBe(1);
   });
 });
+
+describe("a parameter a query's text cannot carry", () => {
+  it("goes apart from the query (a NUL in a string): PostgreSQL refuses it as bad input, and nothing is written", async () => {
+    const marker = `nul-${Date.now()}`;
+    const nul = `a\u0000b`;
+    const refusal = { code: "22021" };
+    // As a transaction's first statement, as its committing statement, and as both.
+    await expect(db.transaction((sql) => sql.query(`INSERT INTO cw (t) VALUES ($1)`, [nul]))).rejects.toMatchObject(refusal);
+    await expect(
+      db.transaction(async (sql) => {
+        await sql.query(`INSERT INTO cw (t) VALUES ($1)`, [marker]);
+        return commitWith(sql)(`INSERT INTO cw (t, arr) VALUES ($1, $2::text[]) RETURNING id`, [marker, [nul]]);
+      }),
+    ).rejects.toMatchObject(refusal);
+    await expect(db.transaction((sql) => commitWith(sql)(`INSERT INTO cw (t) VALUES ($1) RETURNING id`, [nul]))).rejects.toMatchObject(refusal);
+    const [left] = await db.read((sql) => sql.query<{ n: number }>(`SELECT count(*)::int AS n FROM cw WHERE t = $1`, [marker]));
+    expect(left?.n).toBe(0);
+    // The committing statement's fallback commits like the one-message path.
+    const [row] = await db.transaction((sql) => commitWith(sql)<{ t: string }>(`INSERT INTO cw (t, doc) VALUES ($1, $2) RETURNING t`, [marker, { o: 1 }]));
+    expect(row?.t).toBe(marker);
+    const [kept] = await db.read((sql) => sql.query<{ n: number }>(`SELECT count(*)::int AS n FROM cw WHERE t = $1`, [marker]));
+    expect(kept?.n).toBe(1);
+  });
+});
