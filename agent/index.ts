@@ -141,8 +141,12 @@ export async function startAgent(opts: AgentOptions) {
           // Instances a command held were skipped; the command's release asks for another pass. The
           // generation still counts as applied: every other instance has it, and held ones report as pinned.
           // A spec refused whole (another runtime's pool) is answered too: the report says why.
-          if (opts.egress) await opts.egress.apply(new Map(spec.instances.map((i) => [tapFor(i.id), i.network])));
+          // The egress rules load beside the pass (an nft run takes tens of milliseconds, a restore waits on the
+          // pass): a tap that comes up before its rules are in is dropped by the backstop until they are.
+          const egress = opts.egress?.apply(new Map(spec.instances.map((i) => [tapFor(i.id), i.network])));
+          egress?.catch(() => {});
           const { refused } = await converger.converge(spec);
+          await egress;
           if (refused) log("spec refused", { generation: spec.generation, why: refused });
           converged = spec.generation;
         } catch (e) {

@@ -10,7 +10,6 @@ import { cloneXml, savedXml, writeCloneImage } from "./clone.ts";
 import type { DomainContext } from "./context.ts";
 import { writeSeedIso } from "./disks.ts";
 import { run } from "./exec.ts";
-import { imageInfo } from "./images.ts";
 import { refuseForeignDisk } from "./snapshot-ops.ts";
 import { snapshotPaths } from "./snapshots.ts";
 
@@ -84,8 +83,7 @@ async function copyDisk(c: DomainContext, spec: InstanceSpec, disk: string): Pro
   const tmp = `${overlay}.tmp`;
   await copyFile(disk, tmp, constants.COPYFILE_FICLONE);
   try {
-    await refuseForeignDisk(c, spec.id, tmp);
-    const size = (await imageInfo(tmp, "qcow2"))["virtual-size"];
+    const size = (await refuseForeignDisk(c, spec.id, tmp))["virtual-size"];
     if (spec.diskGib * 2 ** 30 < size) throw new RuntimeError(`the snapshot's disk is ${size / 2 ** 30} GiB; ${spec.id} asks for ${spec.diskGib} GiB`, false);
     // The guest sees the larger disk once it rescans it (its saved state knew the old size).
     if (spec.diskGib * 2 ** 30 > size) await run("qemu-img", ["resize", "-q", tmp, `${spec.diskGib}G`]);

@@ -15,7 +15,7 @@ import { run } from "./exec.ts";
  * it. A mismatch discards the file. What a tenant reads of a refusal is a ClassifiedError's short reason.
  */
 
-interface QemuImgInfo {
+export interface QemuImgInfo {
   format: string;
   "virtual-size": number;
   "backing-filename"?: string;

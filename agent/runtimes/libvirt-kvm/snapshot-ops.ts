@@ -5,7 +5,7 @@ import { bytesIn } from "../files.ts";
 import { RuntimeError } from "../runtime.ts";
 import type { Dom } from "./binding.ts";
 import type { DomainContext } from "./context.ts";
-import { imageInfo, refuseReferences } from "./images.ts";
+import { imageInfo, type QemuImgInfo, refuseReferences } from "./images.ts";
 import { clearSaving, markSaving, readSaving, type Saving, savedPower, seal, snapshotPaths } from "./snapshots.ts";
 
 /**
@@ -95,11 +95,12 @@ async function thaw(c: DomainContext, d: Dom, memory: string, power: Saving["pow
 }
 
 /** An instance's disk must stand on a verified base of this host's cache, and name nothing else. */
-export async function refuseForeignDisk(c: DomainContext, id: string, disk: string): Promise<void> {
+export async function refuseForeignDisk(c: DomainContext, id: string, disk: string): Promise<QemuImgInfo> {
   const info = await imageInfo(disk, "qcow2");
   const backing = info["full-backing-filename"] ?? info["backing-filename"];
   if (!backing || dirname(resolve(dirname(disk), backing)) !== join(c.stateDir, "images")) {
     throw new RuntimeError(`the disk of ${id} stands on ${backing ?? "nothing"}, not on a verified base of this host; refused`, false);
   }
   refuseReferences({ ...info, "backing-filename": undefined, "full-backing-filename": undefined }, `the disk of ${id}`);
+  return info;
 }
