@@ -120,7 +120,7 @@ export class Converger {
    * instance a command holds is shown as it was when the command began.
    */
   async report(generation: number): Promise<StatusReport> {
-    const domains = await this.pinnedList();
+    const [domains, capacity] = await Promise.all([this.pinnedList(), this.runtime.capacity()]);
     const instances: InstanceStatus[] = domains.map((d) => {
       const f = this.failures.get(d.id);
       const error = f?.error ?? (d.state === "crashed" ? `${this.runtime.id}: the guest crashed` : null);
@@ -129,7 +129,7 @@ export class Converger {
     for (const [id, f] of this.failures) {
       if (!domains.some((d) => d.id === id)) instances.push({ id, state: "failed", addresses: [], error: f.error, retryable: f.retryable, shape: null });
     }
-    return { generation, instances, capacity: await this.runtime.capacity(), runtimes: [...this.serves] };
+    return { generation, instances, capacity, runtimes: [...this.serves] };
   }
 
   /**

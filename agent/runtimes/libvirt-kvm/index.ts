@@ -124,28 +124,30 @@ class LibvirtRuntime implements Runtime, LibvirtRuntimeExtras {
     return { vcpus: node.cpus, memoryMib: Math.floor(node.memory / 1024), diskGib: diskGib(this.o.stateDir), gpus: this.o.gpus ?? [] };
   }
 
+  /** Every domain of ours, each looked at beside the others: a report waits on this, and a create's RUNNING on the report. */
   async list(): Promise<DomainStatus[]> {
-    const out: DomainStatus[] = [];
-    for (const d of await this.libvirt(() => this.hv.connectListAllDomains())) {
-      let name: string;
-      let info: Awaited<ReturnType<Hypervisor["domainGetInfo"]>>;
-      try {
-        name = await this.libvirt(() => this.hv.domainGetName(d));
-        if (!isInstance(name) || !(await this.mine(name, d))) continue;
-        info = await this.libvirt(() => this.hv.domainGetInfo(d));
-      } catch (e) {
-        // Undefined since it was listed (by anyone sharing this libvirtd): it is not there to report.
-        if (/Domain not found/i.test((e as Error).message)) continue;
-        throw e;
-      }
-      out.push({
-        id: name,
-        state: await this.crashes.seen(name, info.state, this.o.uri ?? "qemu:///system"),
-        shape: { vcpus: info.nrVirtCpu, memoryMib: Math.floor(info.maxMem / 1024), diskGib: await this.diskOf(name) },
-        addresses: [],
-      });
-    }
-    return out;
+    const seen = await Promise.all(
+      (await this.libvirt(() => this.hv.connectListAllDomains())).map(async (d): Promise<DomainStatus | null> => {
+        let name: string;
+        let info: Awaited<ReturnType<Hypervisor["domainGetInfo"]>>;
+        try {
+          name = await this.libvirt(() => this.hv.domainGetName(d));
+          if (!isInstance(name) || !(await this.mine(name, d))) return null;
+          info = await this.libvirt(() => this.hv.domainGetInfo(d));
+        } catch (e) {
+          // Undefined since it was listed (by anyone sharing this libvirtd): it is not there to report.
+          if (/Domain not found/i.test((e as Error).message)) return null;
+          throw e;
+        }
+        return {
+          id: name,
+          state: await this.crashes.seen(name, info.state, this.o.uri ?? "qemu:///system"),
+          shape: { vcpus: info.nrVirtCpu, memoryMib: Math.floor(info.maxMem / 1024), diskGib: await this.diskOf(name) },
+          addresses: [],
+        };
+      }),
+    );
+    return seen.filter((d) => d !== null);
   }
 
   async create(spec: InstanceSpec): Promise<void> {
