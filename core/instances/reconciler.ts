@@ -1,6 +1,7 @@
 import { isAppError } from "../../contracts/errors.ts";
 import type { Write } from "../kernel/write.ts";
 import type { DriverDeps, Pool } from "../pools/driver.ts";
+import { type HostCommandRow, unsettledCommands } from "../pools/hosted/commands.ts";
 import { getPool } from "../pools/pools.ts";
 import { driverFor } from "../pools/registry.ts";
 import { lockInstance } from "./changes.ts";
@@ -20,6 +21,8 @@ export async function reconcileOnce(w: Write, deps: DriverDeps, instanceId: stri
 interface Held {
   inst: Instance;
   pool: Pool;
+  /** Its unsettled host commands, read once per pass (settling takes them off). */
+  pending: HostCommandRow[];
 }
 
 async function lockForPass(w: Write, instanceId: string): Promise<Held | null> {
@@ -31,11 +34,11 @@ async function lockForPass(w: Write, instanceId: string): Promise<Held | null> {
     throw e;
   }
   const pool = await getPool(w.sql, inst.poolId);
-  return pool ? { inst, pool } : null;
+  return pool ? { inst, pool, pending: await unsettledCommands(w, inst.id) } : null;
 }
 
-async function step(w: Write, deps: DriverDeps, { inst, pool }: Held): Promise<Instance | null> {
-  const settled = await settleCommands(w, inst);
+async function step(w: Write, deps: DriverDeps, { inst, pool, pending }: Held): Promise<Instance | null> {
+  const settled = await settleCommands(w, inst, pending);
   if (settled) return settled;
   return driverFor(pool.class).reconcile(w, inst, pool, deps);
 }

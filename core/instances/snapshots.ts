@@ -106,16 +106,19 @@ const POWER_MOVES: Partial<Record<HostCommandKind, { from: "running" | "paused";
   "instance.pause": { from: "running", to: "paused", reason: "host:paused" },
 };
 
-export async function settleCommands(w: Write, inst: Instance): Promise<Instance | null> {
-  const pending = await unsettledCommands(w, inst.id);
+export async function settleCommands(w: Write, inst: Instance, pending?: HostCommandRow[]): Promise<Instance | null> {
+  // `pending`: the instance's unsettled commands as its pass read them once (the pass holds the instance, and
+  // every writer that finishes a command locks it first); what is settled here leaves the list.
+  const left = pending ?? (await unsettledCommands(w, inst.id));
   if (inst.state === "deleted") {
-    for (const c of pending) await settleCommand(w, c.id, FINAL_STATES.includes(c.state) ? undefined : "cancelled");
+    for (const c of left.splice(0)) await settleCommand(w, c.id, FINAL_STATES.includes(c.state) ? undefined : "cancelled");
     await w.sql.query(`UPDATE instance_snapshots SET state = 'deleted' WHERE instance_id = $1 AND state <> 'deleted'`, [inst.id]);
     return null;
   }
-  for (const c of pending) {
+  for (const c of [...left]) {
     const expired = !FINAL_STATES.includes(c.state) && c.deadline <= w.now;
     if (!FINAL_STATES.includes(c.state) && !expired) continue;
+    left.splice(left.indexOf(c), 1);
     await settleCommand(w, c.id, expired ? "expired" : undefined);
     const changed = await applyOutcome(w, inst, c, expired);
     if (changed) return changed;

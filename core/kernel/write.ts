@@ -54,6 +54,7 @@ export class Write {
   readonly providerAccounts = new Set<string>();
   private subject: AuditSubject | null = null;
   private noChange = false;
+  private readonly looks = new Map<string, Promise<unknown>>();
 
   constructor(
     readonly sql: Sql,
@@ -66,6 +67,19 @@ export class Write {
 
   get actor(): string {
     return this.opts.actor;
+  }
+
+  /**
+   * A read this write makes once and then reuses: for facts its steps may all take as of its first look (a
+   * reconcile pass asks after the instance's node at every step; one look serves the pass).
+   */
+  look<T>(key: string, read: () => Promise<T>): Promise<T> {
+    let seen = this.looks.get(key) as Promise<T> | undefined;
+    if (!seen) {
+      seen = read();
+      this.looks.set(key, seen);
+    }
+    return seen;
   }
 
   /** An instance event this transaction inserted (changes.ts does this for every instance change). */

@@ -15,10 +15,14 @@ import { place, releaseAllocation } from "./placement.ts";
  * say why an instance waits on its host (a crash, a refusal, a failure).
  */
 export async function reconcileHosted(w: Write, inst: Instance, pool: Pool, maxRecreateAttempts: number): Promise<Instance | null> {
-  const [node] = inst.nodeId
-    ? await w.sql.query<{ lost: boolean; gone: boolean; refusing: boolean; name: string }>(
-        `SELECT lost_at IS NOT NULL AS lost, gone_at IS NOT NULL AS gone, state = 'refusing' AS refusing, name FROM nodes WHERE id = $1`,
-        [inst.nodeId],
+  // One look at the node per pass: its steps decide from the same view of it.
+  const nodeId = inst.nodeId;
+  const [node] = nodeId
+    ? await w.look(`node:${nodeId}`, () =>
+        w.sql.query<{ lost: boolean; gone: boolean; refusing: boolean; name: string }>(
+          `SELECT lost_at IS NOT NULL AS lost, gone_at IS NOT NULL AS gone, state = 'refusing' AS refusing, name FROM nodes WHERE id = $1`,
+          [nodeId],
+        ),
       )
     : [];
   // The node's spec names the pool's runtime the same way (spec.ts).

@@ -16,8 +16,9 @@ export async function recordReport(w: Write, nodeId: string, report: StatusRepor
   const { sql, now } = w;
   // Lock order, everywhere: instance rows before node rows (an instance change bumps its node's generation).
   // So the node row is read here without a lock and written last.
-  const [node] = await sql.query<{ wasLost: boolean; state: string; runtime: string }>(
-    `SELECT n.lost_at IS NOT NULL AS "wasLost", n.state, COALESCE(p.runtime, 'libvirt-kvm') AS runtime
+  const [node] = await sql.query<{ wasLost: boolean; state: string; runtime: string; hasGpus: boolean }>(
+    `SELECT n.lost_at IS NOT NULL AS "wasLost", n.state, COALESCE(p.runtime, 'libvirt-kvm') AS runtime,
+            EXISTS (SELECT 1 FROM node_gpus g WHERE g.node_id = n.id) AS "hasGpus"
        FROM nodes n JOIN pools p ON p.id = n.pool_id WHERE n.id = $1 AND n.gone_at IS NULL`,
     [nodeId],
   );
@@ -45,47 +46,54 @@ export async function recordReport(w: Write, nodeId: string, report: StatusRepor
         [nodeId, report.generation, now, ids],
       );
   const readdressed = await recordAddresses(w, nodeId, seen);
-  // Domains no instance on this node owns are orphans; one that is owned again, or gone, is not. A refusing
-  // host's domains are another runtime's business: its orphans stay as they were.
-  const orphaned = refuses
-    ? []
-    : await sql.query(
-        `INSERT INTO orphans (node_id, domain_id, first_seen_at)
-         SELECT $1, d, $2 FROM unnest($3::text[]) AS d
-          WHERE NOT EXISTS (SELECT 1 FROM instances i WHERE i.id = d AND i.node_id = $1 AND i.state <> 'deleted')
-         ON CONFLICT DO NOTHING RETURNING domain_id`,
+  // Domains no instance on this node owns are orphans; one that is owned again, or gone, is not (the two sets
+  // are apart: a domain added is listed and unowned, one removed is unlisted or owned). A refusing host's
+  // domains are another runtime's business: its orphans stay as they were.
+  const [orphans] = refuses
+    ? [{ orphaned: 0, adopted: 0 }]
+    : await sql.query<{ orphaned: number; adopted: number }>(
+        `WITH added AS (
+           INSERT INTO orphans (node_id, domain_id, first_seen_at)
+           SELECT $1, d, $2 FROM unnest($3::text[]) AS d
+            WHERE NOT EXISTS (SELECT 1 FROM instances i WHERE i.id = d AND i.node_id = $1 AND i.state <> 'deleted')
+           ON CONFLICT DO NOTHING RETURNING domain_id),
+         removed AS (
+           DELETE FROM orphans o WHERE o.node_id = $1
+              AND (NOT (o.domain_id = ANY($3::text[])) OR EXISTS (SELECT 1 FROM instances i WHERE i.id = o.domain_id AND i.node_id = $1 AND i.state <> 'deleted'))
+           RETURNING domain_id)
+         SELECT (SELECT count(*)::int FROM added) AS orphaned, (SELECT count(*)::int FROM removed) AS adopted`,
         [nodeId, now, ids],
       );
-  const adopted = refuses
-    ? []
-    : await sql.query(
-        `DELETE FROM orphans o WHERE o.node_id = $1
-            AND (NOT (o.domain_id = ANY($2::text[])) OR EXISTS (SELECT 1 FROM instances i WHERE i.id = o.domain_id AND i.node_id = $1 AND i.state <> 'deleted'))
-         RETURNING domain_id`,
-        [nodeId, ids],
-      );
+  const { orphaned, adopted } = orphans ?? { orphaned: 0, adopted: 0 };
   // An operator's cordon stands: only a ready node starts refusing, and only a refusing one is ready again.
+  // The capacity the host reports, never below what is already allocated on it (placed instances keep their
+  // claim), goes in the same statement; `resized` compares it with the row as it was.
   const flip = refuses && node.state === "ready" ? "refusing" : !refuses && node.state === "refusing" ? "ready" : null;
-  const [updated] = await sql.query<{ generation: number; state: string }>(
-    `UPDATE nodes SET last_report_at = $2, reported_generation = $3, lost_at = NULL,
-            state = CASE WHEN $4::text IS NOT NULL AND state = $5 THEN $4 ELSE state END
-      WHERE id = $1 RETURNING spec_generation AS generation, state`,
-    [nodeId, now, report.generation, flip, node.state],
+  const cap = report.capacity;
+  const [updated] = await sql.query<{ generation: number; state: string; resized: boolean }>(
+    `UPDATE nodes n SET last_report_at = $2, reported_generation = $3, lost_at = NULL,
+            state = CASE WHEN $4::text IS NOT NULL AND n.state = $5 THEN $4 ELSE n.state END,
+            cap_vcpus = GREATEST($6, n.alloc_vcpus), cap_memory_mib = GREATEST($7, n.alloc_memory_mib), cap_disk_gib = GREATEST($8, n.alloc_disk_gib)
+       FROM nodes old WHERE n.id = $1 AND old.id = n.id
+     RETURNING n.spec_generation AS generation, n.state,
+               (old.cap_vcpus, old.cap_memory_mib, old.cap_disk_gib) IS DISTINCT FROM (n.cap_vcpus, n.cap_memory_mib, n.cap_disk_gib) AS resized`,
+    [nodeId, now, report.generation, flip, node.state, cap.vcpus, cap.memoryMib, cap.diskGib],
   );
   const flipped = flip !== null && updated?.state === flip;
-  const capacityChanged = await applyReportedCapacity(w, nodeId, report.capacity);
+  const gpusChanged = node.hasGpus || cap.gpus.length > 0 ? await applyReportedGpus(w, nodeId, cap) : false;
+  const capacityChanged = (updated?.resized ?? false) || gpusChanged;
   const wake =
     node.wasLost || flipped
       ? (await sql.query<{ id: string }>(`SELECT id FROM instances WHERE node_id = $1 AND state <> 'deleted'`, [nodeId])).map((r) => r.id)
       : [...changed, ...vanished].map((r) => r.id);
   for (const id of wake) w.wake(id);
-  if (changed.length || vanished.length || orphaned.length || adopted.length || capacityChanged || node.wasLost || flipped || readdressed) {
+  if (changed.length || vanished.length || orphaned || adopted || capacityChanged || node.wasLost || flipped || readdressed) {
     w.audit({
       targetId: nodeId,
       details: {
         generation: report.generation,
         observed: changed.length + vanished.length,
-        orphans: orphaned.length - adopted.length,
+        orphans: orphaned - adopted,
         capacityChanged,
         recovered: node.wasLost,
         ...(flipped ? { state: flip, runtimes: report.runtimes } : {}),
@@ -124,15 +132,9 @@ async function recordAddresses(w: Write, nodeId: string, seen: { id: string; add
   return n;
 }
 
-/** What the host says it has, never below what is already allocated on it (placed instances keep their claim). */
-async function applyReportedCapacity(w: Write, nodeId: string, cap: Capacity): Promise<boolean> {
+/** The GPUs the host says it has (asked only of a node that has or reports some). Returns whether they changed. */
+async function applyReportedGpus(w: Write, nodeId: string, cap: Capacity): Promise<boolean> {
   const { sql } = w;
-  const scalars = await sql.query(
-    `UPDATE nodes SET cap_vcpus = GREATEST($2, alloc_vcpus), cap_memory_mib = GREATEST($3, alloc_memory_mib), cap_disk_gib = GREATEST($4, alloc_disk_gib)
-      WHERE id = $1 AND (cap_vcpus, cap_memory_mib, cap_disk_gib) IS DISTINCT FROM (GREATEST($2, alloc_vcpus), GREATEST($3, alloc_memory_mib), GREATEST($4, alloc_disk_gib))
-      RETURNING id`,
-    [nodeId, cap.vcpus, cap.memoryMib, cap.diskGib],
-  );
   const have = await sql.query<{ id: string; model: string; pci: string | null; held: boolean; index: number }>(
     `SELECT id, model, pci_address AS pci, allocation_id IS NOT NULL AS held, index FROM node_gpus WHERE node_id = $1 ORDER BY index`,
     [nodeId],
@@ -153,5 +155,5 @@ async function applyReportedCapacity(w: Write, nodeId: string, cap: Capacity): P
       g.pci,
     ]);
   }
-  return scalars.length > 0 || extra.length > 0 || missing.length > 0;
+  return extra.length > 0 || missing.length > 0;
 }
