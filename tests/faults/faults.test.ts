@@ -252,6 +252,9 @@ async function run(seed: number) {
       p.db.read((sql) =>
         sql.query(
           `SELECT i.id, i.state, i.desired_state, i.observed_state, i.observed_generation, i.spec_generation, i.version, i.node_id, i.conditions,
+                  i.external_id, i.create_lease_until, i.updated_at, (SELECT class FROM pools p WHERE p.id = i.pool_id) AS pool_class,
+                  (SELECT json_agg(json_build_object('v', e.version, 'to', e.to_state, 'reason', e.reason, 'actor', e.actor) ORDER BY e.version)
+                     FROM instance_events e WHERE e.instance_id = i.id) AS history,
                   n.spec_generation AS node_generation, n.reported_generation, n.lost_at,
                   (SELECT json_agg(json_build_object('kind', kind, 'state', state, 'settled', settled_at)) FROM host_commands h WHERE h.instance_id = i.id) AS commands
              FROM instances i LEFT JOIN nodes n ON n.id = i.node_id
@@ -260,7 +263,9 @@ async function run(seed: number) {
         ),
       ),
     );
-    throw new Error(`${(e as Error).message}; unsettled: ${JSON.stringify(stuck)}`);
+    const ids = new Set(stuck.map((i) => (i as { id: string }).id));
+    const machines = emu.machines().filter((m) => m.instanceId !== null && ids.has(m.instanceId));
+    throw new Error(`${(e as Error).message}; unsettled: ${JSON.stringify(stuck)}; their provider machines: ${JSON.stringify(machines)}`);
   });
   // At rest, the books agree with the instances.
   const accounting = async () => (await c.operator.request(DoctorDocument)).doctor.filter((f) => f.id.startsWith("vps.accounting"));
