@@ -59,9 +59,8 @@ type EventTarget = Parameters<typeof createPubSub>[0] extends infer O ? (O exten
  */
 function localFirst(publishClient: Redis, subscribeClient: Redis): EventTarget {
   const origin = randomUUID();
-  const local = new Map<string, Set<Listener>>();
-  /** Per topic, each subscriber's callback and the one that hears it from Redis for it. */
-  const fromRedis = new Map<string, Map<Listener, Listener>>();
+  /** Per topic, this process's subscribers: each callback and the one that hears it from Redis for it. */
+  const listeners = new Map<string, Map<Listener, Listener>>();
   const redis = createRedisEventTarget({
     publishClient,
     subscribeClient,
@@ -72,34 +71,31 @@ function localFirst(publishClient: Redis, subscribeClient: Redis): EventTarget {
     addEventListener(topic: string, l: unknown) {
       if (!l) return;
       const cb = callbackOf(l);
-      const set = local.get(topic) ?? new Set<Listener>();
-      local.set(topic, set);
-      set.add(cb);
       const heard: Listener = (e) => {
         const [from, m] = e.detail as [string, unknown];
         if (from !== origin) cb(new CustomEvent(topic, { detail: m }));
       };
-      const heardOn = fromRedis.get(topic) ?? new Map<Listener, Listener>();
-      fromRedis.set(topic, heardOn);
-      heardOn.set(cb, heard);
+      const onTopic = listeners.get(topic) ?? new Map<Listener, Listener>();
+      listeners.set(topic, onTopic);
+      onTopic.set(cb, heard);
       redis.addEventListener(topic, heard as never);
     },
     removeEventListener(topic: string, l: unknown) {
       if (!l) return;
       const cb = callbackOf(l);
-      local.get(topic)?.delete(cb);
-      if (local.get(topic)?.size === 0) local.delete(topic);
-      const heard = fromRedis.get(topic)?.get(cb);
-      fromRedis.get(topic)?.delete(cb);
-      if (fromRedis.get(topic)?.size === 0) fromRedis.delete(topic);
+      const onTopic = listeners.get(topic);
+      const heard = onTopic?.get(cb);
+      onTopic?.delete(cb);
+      if (onTopic?.size === 0) listeners.delete(topic);
       if (heard) redis.removeEventListener(topic, heard as never);
     },
     dispatchEvent(event: CustomEvent) {
       redis.dispatchEvent(event as never);
-      const here = local.get(event.type);
+      const here = listeners.get(event.type);
       if (here?.size) {
-        const text = event.detail === undefined ? undefined : JSON.stringify(event.detail);
-        for (const cb of [...here]) cb(new CustomEvent(event.type, { detail: text === undefined ? null : JSON.parse(text) }));
+        // One copy through JSON for all of them, as Redis's own delivery parses a message once for its listeners.
+        const local = new CustomEvent(event.type, { detail: event.detail === undefined ? null : JSON.parse(JSON.stringify(event.detail)) });
+        for (const cb of [...here.keys()]) cb(local);
       }
       return true;
     },

@@ -58,7 +58,6 @@ export function bullJobs(opts: { redisUrl: string; prefix: string }): Jobs {
     }
     return q;
   };
-  const marks = () => redis;
   const wokenKey = (name: JobName, id: string) => `${opts.prefix}:woken:${queueName(name)}:${id}`;
   async function enqueue<N extends JobName>(name: N, payload: JobPayload<N>, opts: { delayMs?: number } = {}): Promise<void> {
     const spec = jobCatalog[name];
@@ -67,7 +66,7 @@ export function bullJobs(opts: { redisUrl: string; prefix: string }): Jobs {
     // A job id already present makes add() a no-op: that is the dedup, and it holds while that job runs too.
     // A run under way may have read its rows before what this wake-up is about, so the wake-up is marked
     // first; the run clears the mark as it starts, and one still marked when it ends runs again (`again`).
-    await marks().set(wokenKey(name, jobId), "1", "PX", WOKEN_TTL_MS);
+    await redis.set(wokenKey(name, jobId), "1", "PX", WOKEN_TTL_MS);
     // Finished jobs are removed, failed ones too, so no kept job swallows the next wake-up of its id
     // (docs/architecture.md, Pitfalls); failures are logged.
     await queueFor(name).add(name, data, {
@@ -81,7 +80,7 @@ export function bullJobs(opts: { redisUrl: string; prefix: string }): Jobs {
   }
   /** A job woken while it ran goes again, now that its id is free. */
   async function again(name: JobName, job: Job | undefined): Promise<void> {
-    if (job?.id && (await marks().del(wokenKey(name, job.id))) > 0) await enqueue(name, job.data);
+    if (job?.id && (await redis.del(wokenKey(name, job.id))) > 0) await enqueue(name, job.data);
   }
   return {
     enqueue,
@@ -92,7 +91,7 @@ export function bullJobs(opts: { redisUrl: string; prefix: string }): Jobs {
         const processJob = async (job: Job) => {
           // Both times are Date.now() readings, the producer's and this worker's: a skewed clock is clamped, not negative.
           if (job.attemptsMade === 0) observe?.waited(name, Math.max(0, (job.processedOn ?? Date.now()) - job.timestamp - (job.delay ?? 0)) / 1000);
-          if (job.id) await marks().del(wokenKey(name, job.id));
+          if (job.id) await redis.del(wokenKey(name, job.id));
           return timed(name, observe, () => handlers[name](spec.payload.parse(job.data) as never));
         };
         // Workers block on their connections: each makes its own from the URL.
