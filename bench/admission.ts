@@ -13,14 +13,16 @@
  *              shared machine moves the limit as it moves the platform.
  *   core       admitInstance on the write path (platform.write), as the API would call it, without HTTP.
  *   API        createInstance over HTTP GraphQL: auth, limits, the API's database lane, Redis pub/sub and the
- *              BullMQ wake-up.
+ *              BullMQ wake-up; the clients in a child process, as a server's callers are.
  *
  * Prints creates/s for each, core and API as ratios of the write set, and what the platform sent PostgreSQL
  * per create (statements and where their time went). `--insert 1` adds pgbench's single-row INSERT, the
  * server's ceiling with no hot row at all. `--api-connections N` sets LIMIT_API_CONNECTIONS (0: the
  * platform's default); `--statements N` lists that many statements per phase. Needs PostgreSQL, Redis, psql and pgbench.
  */
+import { fork } from "node:child_process";
 import { join } from "node:path";
+import { fileURLToPath } from "node:url";
 import pg from "pg";
 import { admitInstance } from "../core/instances/admission.ts";
 import { CreateInstanceDocument, createClient } from "../sdk/client.ts";
@@ -127,6 +129,40 @@ function statementProfile() {
   };
 }
 
+type LoopResult = Awaited<ReturnType<typeof closedLoop>>;
+interface ClientPlan {
+  url: string;
+  tokens: string[];
+  poolId: string;
+  imageId: string;
+}
+/** Set in the client process this bench forks for the API phase. */
+const ROLE = "ADMISSION_CLIENTS";
+
+/** The API phase's closed loop, run by a child process of this bench (the same file, under the same loader). */
+function apiClients(plan: ClientPlan): Promise<LoopResult> {
+  const child = fork(fileURLToPath(import.meta.url), process.argv.slice(2), { env: { ...process.env, [ROLE]: "1" } });
+  return new Promise((resolve, reject) => {
+    child.once("exit", (code) => reject(new Error(`the client process exited (${code})`)));
+    child.on("message", (m: LoopResult) => {
+      resolve(m);
+      child.kill();
+    });
+    child.send(plan);
+  });
+}
+
+async function clientProcess() {
+  const plan = await new Promise<ClientPlan>((resolve) => process.once("message", (m) => resolve(m as ClientPlan)));
+  const clients = plan.tokens.map((token) => createClient({ url: plan.url, token }));
+  const result = await closedLoop(clients.length, args.seconds, async (i, n) => {
+    await (clients[i] as (typeof clients)[number]).request(CreateInstanceDocument, {
+      input: { poolId: plan.poolId, flavor: "small", imageId: plan.imageId, idempotencyKey: `api-${n}` },
+    });
+  });
+  await new Promise((sent) => process.send?.(result, sent));
+}
+
 async function run() {
   const c = args.clients;
   const apiConnections = args["api-connections"];
@@ -189,14 +225,11 @@ async function run() {
     console.log(coreProfile);
 
     const app = await startServer(platform, { port: 0, host: "127.0.0.1" });
-    const clients = Array.from({ length: c }, (_, i) => createClient({ url: app.url, token: tenantOf(i).token }));
     before = await hostCounts();
     profile.start();
-    const api = await closedLoop(c, args.seconds, async (i, n) => {
-      await (clients[i] as (typeof clients)[number]).request(CreateInstanceDocument, {
-        input: { poolId: fx.poolId, flavor: "small", imageId: fx.imageId, idempotencyKey: `api-${n}` },
-      });
-    });
+    // The clients run in a process of their own, as callers of a server do: their HTTP and JSON work is not the
+    // server's, and would otherwise take turns with it on this process's one thread.
+    const api = await apiClients({ url: app.url, tokens: Array.from({ length: c }, (_, i) => tenantOf(i).token), poolId: fx.poolId, imageId: fx.imageId });
     const apiProfile = profile.report(api.done);
     line(
       "admission, whole API (HTTP+Redis):",
@@ -218,7 +251,7 @@ async function run() {
   }
 }
 
-run().then(
+(process.env[ROLE] ? clientProcess() : run()).then(
   () => process.exit(0),
   (e) => {
     console.error(e);

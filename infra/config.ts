@@ -184,6 +184,11 @@ const schema = z.object({
       apiConnections: z.coerce.number().int().min(1).default(8),
       /** A statement of API work running longer is cancelled (PostgreSQL). 0: no limit. */
       apiStatementTimeoutMs: z.coerce.number().int().min(0).default(10_000),
+      /**
+       * A token's principal is remembered this long by the server that looked it up (revocations, which reach every
+       * server over pub/sub, drop it at once; this bounds a missed message). 0: every request reads it.
+       */
+      authCacheMs: z.coerce.number().int().min(0).default(10_000),
     })
     .prefault({}),
   vps: z
@@ -276,6 +281,7 @@ export function readEnv(env: NodeJS.ProcessEnv): Record<string, unknown> {
       rateWindowSeconds: env.LIMIT_RATE_WINDOW_S,
       apiConnections: env.LIMIT_API_CONNECTIONS,
       apiStatementTimeoutMs: env.LIMIT_API_STATEMENT_TIMEOUT_MS,
+      authCacheMs: env.LIMIT_AUTH_CACHE_MS,
     }),
     vps: prune({
       runtimes: list(env.VPS_RUNTIMES),

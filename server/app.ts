@@ -17,6 +17,7 @@ import { credentialChecker, openLimits, overLimit } from "./limits/index.ts";
 import { type OpenSources, subscribeShared } from "./live/execute.ts";
 import { CloseCode, type LiveConnection, LiveHub } from "./live/hub.ts";
 import { serverMetrics } from "./metrics.ts";
+import { PrincipalCache } from "./principal-cache.ts";
 import { schema } from "./schema/index.ts";
 import { serveUsageCsv } from "./usage-csv.ts";
 
@@ -29,10 +30,12 @@ export interface App {
   close(): Promise<void>;
 }
 
-async function principalFor(platform: Platform, authorization: string | undefined | null): Promise<Principal | null> {
+/** Who `authorization` speaks for; through `cache` where given (requests), read every time where not (re-checks). */
+async function principalFor(platform: Platform, authorization: string | undefined | null, cache?: PrincipalCache): Promise<Principal | null> {
   if (!authorization) return null;
-  const m = /^Bearer\s+(\S+)$/i.exec(authorization);
-  const who = m ? await platform.read((sql) => authenticate(sql, m[1] as string, platform.operatorToken, platform.now())) : null;
+  const bearer = /^Bearer\s+(\S+)$/i.exec(authorization)?.[1];
+  const lookup = () => platform.read((sql) => authenticate(sql, bearer as string, platform.operatorToken, platform.now()));
+  const who = bearer ? await (cache ? cache.principal(bearer, platform.now(), lookup) : lookup()) : null;
   // A credential that is wrong is an error, not an anonymous call: clients learn at once that it is bad.
   if (!who) throw new AppError("UNAUTHENTICATED", "the bearer token is unknown, expired or revoked");
   return who;
@@ -76,6 +79,7 @@ export async function startServer(platform: Platform, opts: { port?: number; hos
     }),
   );
   const limits = await openLimits(platform);
+  const principals = PrincipalCache.open(platform, platform.config.limits.authCacheMs);
   const metrics = serverMetrics(platform, hub, () => sources.count);
   const clientError = (error: unknown, log: Platform["log"], requestId: string) =>
     overLimit(error, platform.config.limits) ?? withContractCode(toClientError(error, log, requestId));
@@ -111,7 +115,7 @@ export async function startServer(platform: Platform, opts: { port?: number; hos
       if (!request) return { platform, principal: null, requestId, log };
       const authorization = request.headers.get("authorization");
       try {
-        const principal = await principalFor(credentialChecker(platform, authorization), authorization);
+        const principal = await principalFor(credentialChecker(platform, authorization), authorization, principals);
         if (scope) scope.principal = principal;
         return { platform, principal, requestId, log };
       } catch (e) {
@@ -166,7 +170,9 @@ export async function startServer(platform: Platform, opts: { port?: number; hos
       }
     }
     if (path === "/usage.csv" && req.method === "GET")
-      return serveUsageCsv(platform, req, res, () => principalFor(credentialChecker(platform, req.headers.authorization ?? null), req.headers.authorization));
+      return serveUsageCsv(platform, req, res, () =>
+        principalFor(credentialChecker(platform, req.headers.authorization ?? null), req.headers.authorization, principals),
+      );
     if (await site(req, res, path)) return;
     return yoga.handle(req, res, { scope });
   };
@@ -186,7 +192,7 @@ export async function startServer(platform: Platform, opts: { port?: number; hos
         const auth = (ctx.connectionParams?.authorization as string | undefined) ?? null;
         let principal: Principal | null;
         try {
-          principal = await principalFor(platform, auth);
+          principal = await principalFor(platform, auth, principals);
         } catch (e) {
           // A bad credential is final (4401); not being able to check it (the database is down) is not.
           if (isAppError(e, "UNAUTHENTICATED")) socket.close(CloseCode.unauthorized, "the bearer token is unknown, expired or revoked");
@@ -272,6 +278,7 @@ export async function startServer(platform: Platform, opts: { port?: number; hos
         setTimeout(() => server.closeAllConnections(), 5000).unref();
       });
       await limits.close();
+      await principals.close();
     },
   };
 }

@@ -21,18 +21,27 @@ export interface ResolvedImage {
  */
 export interface ImageResolver {
   resolve(tx: Sql, tenantId: string, imageId: string): Promise<ResolvedImage | undefined>;
+  /**
+   * The same answer as an SQL expression (a jsonb ResolvedImage, or NULL), given the placeholders of the image id
+   * and the tenant id: admission reads it with the statement it opens with, one round trip fewer per create.
+   * A resolver that looks outside the database leaves it out, and is asked through `resolve`.
+   */
+  inStatement?(imageId: string, tenantId: string): string;
 }
+
+const visible = (imageId: string, tenantId: string) => `id = ${imageId} AND deleted_at IS NULL AND (tenant_id = ${tenantId} OR visibility = 'public')`;
 
 /** The default resolver: the images table, the tenant's own images and public ones. */
 export const tableImages: ImageResolver = {
   async resolve(tx, tenantId, imageId) {
-    const [image] = await tx.query<ResolvedImage>(
-      `SELECT source AS url, sha256, format, verified FROM images
-        WHERE id = $1 AND deleted_at IS NULL AND (tenant_id = $2 OR visibility = 'public')`,
-      [imageId, tenantId],
-    );
+    const [image] = await tx.query<ResolvedImage>(`SELECT source AS url, sha256, format, verified FROM images WHERE ${visible("$1", "$2")}`, [
+      imageId,
+      tenantId,
+    ]);
     return image;
   },
+  inStatement: (imageId, tenantId) =>
+    `(SELECT jsonb_build_object('url', source, 'sha256', sha256, 'format', format, 'verified', verified) FROM images WHERE ${visible(imageId, tenantId)})`,
 };
 
 /** What the deployment allows of image sources (infra/config.ts `vps.imageSources`). */

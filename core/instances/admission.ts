@@ -2,6 +2,7 @@ import { z } from "zod";
 import { AppError, notFound } from "../../contracts/errors.ts";
 import type { NetworkPolicy } from "../../contracts/host.ts";
 import { openSpanSql, spanOwner, spanParams } from "../books/spans.ts";
+import type { ResolvedImage } from "../catalog/images.ts";
 import { chargeOf, type Shape, shape as shapeSchema } from "../catalog/shapes.ts";
 import { instanceId } from "../kernel/ids.ts";
 import type { Sealer } from "../kernel/seal.ts";
@@ -82,6 +83,8 @@ export async function admitInstance(w: Write, deps: AdmissionDeps, caller: Calle
     id,
   );
 
+  // The image too, where the resolver can say it in SQL: hosted pools need it, and this statement goes anyway.
+  const image = deps.images.inStatement?.bind(deps.images);
   // Identical creates race to the instance's primary key: the loser's write fails on it once the winner
   // commits and is run again by the write runner (infra/platform.ts), when this lookup finds the winner's row.
   const [found] = await sql.query<{
@@ -90,6 +93,7 @@ export async function admitInstance(w: Write, deps: AdmissionDeps, caller: Calle
     pool: (Omit<Pool, "createdAt"> & { createdAt: string }) | null;
     flavor: (Shape & { name: string }) | null;
     projectOk: boolean;
+    image?: ResolvedImage | null;
   }>(
     `SELECT i.id IS NOT NULL AS existing, i.request_hash IS NOT DISTINCT FROM $6 AS "sameRequest",
             CASE WHEN p.id IS NULL THEN NULL ELSE jsonb_build_object('id', p.id, 'name', p.name, 'class', p.class, 'agent', p.agent,
@@ -98,8 +102,9 @@ export async function admitInstance(w: Write, deps: AdmissionDeps, caller: Calle
             (SELECT jsonb_build_object('name', f.name, 'vcpus', f.vcpus, 'memoryMib', f.memory_mib, 'diskGib', f.disk_gib, 'gpus', f.gpus)
                FROM flavors f WHERE f.pool_id = p.id AND f.name = $3) AS flavor,
             ($4::text IS NULL OR EXISTS (SELECT 1 FROM projects WHERE id = $4 AND tenant_id = $5)) AS "projectOk"
+            ${image ? `, ${image("$7", "$5")} AS image` : ""}
        FROM (SELECT 1) one LEFT JOIN instances i ON i.id = $1 LEFT JOIN pools p ON p.id = $2`,
-    [id, input.poolId, input.flavor, input.projectId ?? null, caller.tenantId, requestHash],
+    [id, input.poolId, input.flavor, input.projectId ?? null, caller.tenantId, requestHash, ...(image ? [input.imageId] : [])],
   );
   if (found?.existing) {
     if (!found.sameRequest) throw new AppError("CONFLICT", `idempotency key ${key} was used for a different request`, { instanceId: id });
@@ -122,6 +127,7 @@ export async function admitInstance(w: Write, deps: AdmissionDeps, caller: Calle
       tenantId: caller.tenantId,
       instanceId: id,
       imageId: input.imageId,
+      ...(image ? { image: found.image ?? null } : {}),
       shape,
       desiredState,
       ...(opts.onlyNodeId ? { onlyNodeId: opts.onlyNodeId } : {}),

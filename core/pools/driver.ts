@@ -62,6 +62,8 @@ export interface AdmitRequest {
   instanceId: string;
   /** As the caller named it; hosted pools resolve it, providers take their own image names. */
   imageId: string;
+  /** The image already resolved where admission could (`ImageResolver.inStatement`): null when not visible. */
+  image?: ResolvedImage | null;
   shape: Shape;
   /** Hosted pools: only this node will do (a restore from a snapshot its host holds). */
   onlyNodeId?: string;

@@ -1,10 +1,13 @@
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { openDatabase } from "../../infra/db/index.ts";
+import { openPlatform } from "../../infra/platform.ts";
 import {
   CreateApiTokenDocument,
   CreateInstanceDocument,
   CreatePoolDocument,
   CreateProjectDocument,
   CreateTenantDocument,
+  createClient,
   DeleteInstanceDocument,
   ImagesDocument,
   InstanceDocument,
@@ -19,7 +22,9 @@ import {
   TenantsDocument,
   ViewerDocument,
 } from "../../sdk/client.ts";
-import { sha256Of } from "../support/fixtures.ts";
+import { startServer } from "../../server/app.ts";
+import { PrincipalCache } from "../../server/principal-cache.ts";
+import { sha256Of, until } from "../support/fixtures.ts";
 import { expectCode, type Harness, startHarness } from "../support/harness.ts";
 
 let h: Harness;
@@ -76,6 +81,84 @@ describe("authentication", () => {
         { timeout: 5000, interval: 100 },
       )
       .toBe("UNAUTHENTICATED");
+  });
+
+  it("forgets a token it remembered once it is revoked, on this server at once and on another through pub/sub", async () => {
+    const t = await h.tenant();
+    const { createApiToken } = await h.operator.request(CreateApiTokenDocument, { input: { tenantId: t.id, name: "remembered" } });
+    // Another server with a platform of its own: it hears the revocation through Redis only.
+    const db = await openDatabase({ databaseUrl: h.dbUrl, poolSize: 2 });
+    const other = await openPlatform(h.platform.config, { db });
+    const replica = await startServer(other, { port: 0, host: "127.0.0.1" });
+    try {
+      const here = h.client(createApiToken.token);
+      const there = createClient({ url: replica.url, token: createApiToken.token });
+      // Twice on each: the second answer comes from what the server remembered.
+      for (const c of [here, there, here, there]) expect((await c.request(ViewerDocument)).viewer.tenantId).toBe(t.id);
+      await h.operator.request(RevokeApiTokenDocument, { id: createApiToken.apiToken.id });
+      await expectCode(here.request(ViewerDocument), "UNAUTHENTICATED");
+      // Far sooner than the 10 s a remembered principal would otherwise last.
+      await until(
+        "the replica refusing the revoked token",
+        () =>
+          there.request(ViewerDocument).then(
+            () => false,
+            (e) => e.code === "UNAUTHENTICATED",
+          ),
+        2000,
+      );
+    } finally {
+      await replica.close();
+      await other.close();
+    }
+  });
+
+  it("remembers only what no revocation overtook, and never past an expiry", async () => {
+    const cache = PrincipalCache.open(h.platform, 60_000);
+    try {
+      const principal = (expiresAt: Date | null) => ({
+        identityId: "idn_x",
+        tenantId: "ten_x",
+        operator: false,
+        scopes: new Set<never>(),
+        credential: { key: "tok:x", expiresAt },
+      });
+      let reads = 0;
+      const read = (p: ReturnType<typeof principal>) => async () => {
+        reads++;
+        return p;
+      };
+      const now = new Date();
+      await cache.principal("bearer-1", now, read(principal(null)));
+      await cache.principal("bearer-1", now, read(principal(null)));
+      expect(reads).toBe(1);
+      // A lookup that read the row before a revocation committed must not be kept.
+      let release: () => void = () => {};
+      const slow = cache.principal("bearer-2", now, async () => {
+        reads++;
+        await new Promise<void>((r) => {
+          release = r;
+        });
+        return principal(null);
+      });
+      await until("the slow lookup started", () => reads === 2);
+      cache.revoke("tok:other");
+      release();
+      await slow;
+      await cache.principal("bearer-2", now, read(principal(null)));
+      expect(reads).toBe(3);
+      // Expired since it was remembered: read again (which says null for an expired token).
+      await cache.principal("bearer-3", now, read(principal(new Date(now.getTime() + 1000))));
+      expect(
+        await cache.principal("bearer-3", new Date(now.getTime() + 1000), async () => {
+          reads++;
+          return null;
+        }),
+      ).toBeNull();
+      expect(reads).toBe(5);
+    } finally {
+      await cache.close();
+    }
   });
 
   it("stores only a hash of each token", async () => {

@@ -59,7 +59,7 @@ export const hostedDriver: PoolDriver = {
   checkFlavor() {},
 
   async admit(w, req, deps) {
-    const image = await deps.images.resolve(w.sql, req.tenantId, req.imageId);
+    const image = req.image !== undefined ? req.image : await deps.images.resolve(w.sql, req.tenantId, req.imageId);
     if (!image) throw notFound("image", req.imageId);
     const placeReq: PlaceRequest = {
       poolId: req.pool.id,
