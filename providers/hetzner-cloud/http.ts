@@ -21,8 +21,19 @@ const pageMeta = z.object({ pagination: z.object({ next_page: z.number().nullabl
  * The token is read per request (so a rotated credential takes effect) and kept out of everything this returns
  * or throws: messages name the method, the path without its query, Hetzner's code and message.
  */
+/**
+ * A call that finds the budget spent waits its turn for up to this long rather than failing: turns go out in
+ * the order calls asked, one per request's refill. Failing at once and trying again later let whoever came
+ * back first after a refill win it, and a busy account's sweeps starved its instances (tens of seconds).
+ */
+const QUEUE_MS = 2000;
+
 export class HcloudHttp {
   private blockedUntil = 0;
+  /** How long one request's budget takes to come back, from the last answer that said (ms). */
+  private refillMs = 0;
+  /** The latest turn handed to a waiting call. */
+  private lastTurn = 0;
 
   constructor(
     private readonly endpoint: string,
@@ -38,10 +49,16 @@ export class HcloudHttp {
   async call<T>(method: string, path: string, opts: CallOptions<T>): Promise<T>;
   async call<T>(method: string, path: string, opts: CallOptions<T>): Promise<T | null> {
     const what = `${method} ${path}`;
-    const wait = this.pace();
     // The last answer said the budget is spent: asking anyway would only earn another 429 and delay the refill.
-    if (wait > 0)
+    // A short wait is taken in turn; a long one (an hour's budget spent) fails, to be tried again that much later.
+    const now = Date.now();
+    const wait = this.blockedUntil <= now && this.lastTurn <= now ? 0 : Math.max(this.blockedUntil, this.lastTurn + this.refillMs) - now;
+    if (wait > QUEUE_MS)
       throw fail("transient", what, `rate_limit_exceeded: no request budget left for ${wait} ms`, { code: "rate_limit_exceeded", retryAfterMs: wait });
+    if (wait > 0) {
+      this.lastTurn = now + wait;
+      await new Promise((r) => setTimeout(r, wait));
+    }
 
     const token = await this.token(what);
     const url = this.endpoint + path + (opts.query?.length ? `?${new URLSearchParams(opts.query)}` : "");
@@ -123,13 +140,14 @@ export class HcloudHttp {
     const remaining = Number(res.headers.get("ratelimit-remaining") ?? Number.NaN);
     const reset = Number(res.headers.get("ratelimit-reset") ?? Number.NaN);
     if (!Number.isFinite(remaining)) return;
+    // RateLimit-Reset is when the budget is full again, but Hetzner refills it one request at a time
+    // (limit per hour): one request comes back in 1/limit of the time to full, not after the whole of it.
+    const untilFull = Number.isFinite(reset) ? Math.max(0, reset * 1000 - Date.now()) : 0;
+    if (limit > 0 && remaining < limit) this.refillMs = Math.ceil(untilFull / limit);
     if (remaining > 0 || !Number.isFinite(reset)) {
       this.blockedUntil = 0;
       return;
     }
-    // RateLimit-Reset is when the budget is full again, but Hetzner refills it one request at a time
-    // (limit per hour): the next request is allowed after 1/limit of that, not after the whole of it.
-    const untilFull = Math.max(0, reset * 1000 - Date.now());
     this.blockedUntil = Date.now() + Math.ceil(limit > 0 ? untilFull / limit : untilFull);
   }
 

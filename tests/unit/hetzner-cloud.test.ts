@@ -284,6 +284,27 @@ describe("hetzner-cloud errors", () => {
     expect(emu.rateLimited()).toBe(0);
   });
 
+  it("hands a spent budget's refills to waiting calls in turn: none fails, none earns a 429", async () => {
+    emu.rateLimit(5, 500);
+    const s = connect();
+    for (let i = 0; i < 5; i++) await s.get("1");
+    expect(s.pace()).toBeGreaterThan(0);
+    const sent = emu.requests();
+    // Five more at once: one refill each (100 ms here, up to 300 ms as the whole-second reset header lets the
+    // client reckon it), inside the two seconds a call waits for its turn.
+    const answers = await Promise.all(
+      Array.from({ length: 5 }, () =>
+        s.get("1").then(
+          () => "ok",
+          (e: ProviderError) => e.code,
+        ),
+      ),
+    );
+    expect(answers).toEqual(Array(5).fill("ok"));
+    expect(emu.requests() - sent).toBe(5);
+    expect(emu.rateLimited()).toBe(0);
+  });
+
   it("calls a wrong token auth and never shows the token", async () => {
     const wrong = "w".repeat(64);
     const e = await failure(connect({ credential: async () => wrong }).offers());
