@@ -29,9 +29,9 @@ export async function openBus(opts: { redisUrl?: string; prefix: string }): Prom
     };
   }
   // Connect both clients before building the target, or the first messages can be lost (docs/architecture.md, Pitfalls).
-  // A write publishes its events, spec hints and wake-ups in one tick: auto-pipelining sends them as one socket
-  // write, not one each (a syscall per message was a measurable share of a create's CPU).
-  const publishClient = new Redis(opts.redisUrl, { lazyConnect: true, enableAutoPipelining: true });
+  // Not auto-pipelined: ioredis defers such a batch with setImmediate, past whatever I/O the loop holds, and a
+  // host's command or a subscriber's hint would wait for it (measured: create → RUNNING 5 ms slower).
+  const publishClient = new Redis(opts.redisUrl, { lazyConnect: true });
   const subscribeClient = new Redis(opts.redisUrl, { lazyConnect: true });
   // ioredis reconnects (and resubscribes) by itself; without a listener it prints every failed attempt while
   // Redis is away. Readiness (/readyz pings it) is where an unreachable Redis shows.

@@ -3,6 +3,7 @@ import {
   CreateSandboxDocument,
   createWsClient,
   DeleteSandboxDocument,
+  InstanceEventsCursorDocument,
   SandboxDocument,
   SandboxEventsDocument,
   SandboxesDocument,
@@ -16,8 +17,9 @@ import { ExecConsole } from "./exec.tsx";
 import { WarmPools } from "./warm.tsx";
 
 /**
- * Sandboxes, kept current by `sandboxEvents`: the stream opens before the list is read, and each event re-reads
- * its sandbox, so a change during the read is not lost. A deleted sandbox leaves the list.
+ * Sandboxes, kept current by `sandboxEvents`: the newest event's cursor is read before the list and the stream
+ * resumes from it, so a change made between the read and the stream's start is still delivered. Each event
+ * re-reads its sandbox; a deleted one leaves the list.
  */
 function useLiveSandboxes(s: Session) {
   const [rows, setRows] = useState<Map<string, SandboxFieldsFragment>>(new Map());
@@ -35,16 +37,12 @@ function useLiveSandboxes(s: Session) {
     };
     const ws = createWsClient({ url: s.url, token: s.token });
     (async () => {
-      const events = (await ws).subscribe(SandboxEventsDocument, {});
-      const first = s.client.request(SandboxesDocument, { first: 100 }).then((r) => {
-        for (const x of r.sandboxes) held.set(x.id, x);
-        show();
-        if (open) setLoading(false);
-      });
-      for await (const { sandboxEvents: ev } of events) {
-        await first;
-        await refresh(ev.sandboxId);
-      }
+      const { instanceEventsCursor: after } = await s.client.request(InstanceEventsCursorDocument);
+      const { sandboxes } = await s.client.request(SandboxesDocument, { first: 100 });
+      for (const x of sandboxes) held.set(x.id, x);
+      show();
+      if (open) setLoading(false);
+      for await (const { sandboxEvents: ev } of (await ws).subscribe(SandboxEventsDocument, { after })) await refresh(ev.sandboxId);
     })().catch((e) => {
       if (!open) return;
       setError(e);
@@ -151,14 +149,21 @@ function NewSandbox() {
 
 export function SandboxView({ id }: { id: string }) {
   const s = useSession();
-  const read = useQuery(() => s.client.request(SandboxDocument, { id }).then((r) => r.sandbox), [s, id]);
+  // The cursor is read before the sandbox, and the stream resumes from it: a claim's resume can reach running
+  // between the read and the stream's start, and that event must still arrive.
+  const read = useQuery(async () => {
+    const { instanceEventsCursor: after } = await s.client.request(InstanceEventsCursorDocument);
+    return { after, sandbox: (await s.client.request(SandboxDocument, { id })).sandbox };
+  }, [s, id]);
   const [sandbox, setSandbox] = useState<SandboxFieldsFragment | null>(null);
-  useEffect(() => setSandbox(read.data ?? null), [read.data]);
+  useEffect(() => setSandbox(read.data?.sandbox ?? null), [read.data]);
+  const after = read.data?.after;
   useEffect(() => {
+    if (after === undefined) return;
     let open = true;
     const ws = createWsClient({ url: s.url, token: s.token });
     (async () => {
-      for await (const { sandboxEvents: ev } of (await ws).subscribe(SandboxEventsDocument, { sandboxId: id })) {
+      for await (const { sandboxEvents: ev } of (await ws).subscribe(SandboxEventsDocument, { sandboxId: id, after })) {
         const { sandbox: now } = await s.client.request(SandboxDocument, { id: ev.sandboxId });
         if (open && now) setSandbox(now);
       }
@@ -167,7 +172,7 @@ export function SandboxView({ id }: { id: string }) {
       open = false;
       void ws.then((c) => c.dispose());
     };
-  }, [s, id]);
+  }, [s, id, after]);
   if (read.error) return <ErrorNote error={read.error} />;
   if (!sandbox) return read.loading ? <Loading what="the sandbox" /> : <Empty>No sandbox {id}.</Empty>;
   const x = sandbox;
