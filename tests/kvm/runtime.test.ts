@@ -106,6 +106,20 @@ describe(`libvirt-kvm on this machine's libvirtd`, () => {
     expect(await stateOf(s.id)).toBe("paused");
     await rt.resume(s.id);
     expect(await stateOf(s.id)).toBe("running");
+    // Defined again from outside, under a new UUID: the handle the runtime kept from its last lookup names a
+    // domain that is gone, and a pause finds the new one instead of failing on it.
+    const before = await virsh("domuuid", s.id);
+    const xmlPath = join(root, "redefined.xml");
+    writeFileSync(xmlPath, (await virsh("dumpxml", "--inactive", s.id)).replace(/<uuid>[^<]*<\/uuid>/, ""));
+    await virsh("destroy", s.id);
+    await virsh("undefine", s.id);
+    await virsh("define", xmlPath);
+    await virsh("start", s.id);
+    expect(await virsh("domuuid", s.id)).not.toBe(before);
+    await rt.pause(s.id);
+    expect(await stateOf(s.id)).toBe("paused");
+    await rt.resume(s.id);
+    expect(await stateOf(s.id)).toBe("running");
 
     // A snapshot is kept with the instance and leaves it in the power state it had, running or paused.
     const { sizeBytes } = await rt.snapshot(s.id, "snap_running");

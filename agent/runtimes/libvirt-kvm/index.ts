@@ -84,6 +84,8 @@ class LibvirtRuntime implements Runtime, LibvirtRuntimeExtras {
   private readonly disks = new Map<string, number>();
   /** Whether a domain (by name) is this runtime's; a name's owner never changes while it exists. */
   private readonly owned = new Map<string, boolean>();
+  /** Handles of this runtime's domains, kept from their last lookup (a handle names its domain by UUID). */
+  private readonly handles = new Map<string, Dom>();
   private readonly crashes = new CrashWatch();
   /** What ./snapshot-ops.ts and ./clone-create.ts work through. */
   private readonly context: DomainContext;
@@ -203,27 +205,28 @@ class LibvirtRuntime implements Runtime, LibvirtRuntimeExtras {
   }
 
   async pause(id: string): Promise<void> {
+    if (await this.quickly(id, (d) => this.hv.domainSuspend(d))) return;
     const d = await this.must(id);
-    if (await this.quickly(() => this.hv.domainSuspend(d))) return;
     await this.settle(id, d, true);
     if ((await this.power(d)) === "running") await this.libvirt(() => this.hv.domainSuspend(d));
   }
 
   async resume(id: string): Promise<void> {
+    if (await this.quickly(id, (d) => this.hv.domainResume(d))) return;
     const d = await this.must(id);
-    if (await this.quickly(() => this.hv.domainResume(d))) return;
     await this.settle(id, d, true);
     if ((await this.power(d)) === "paused") await this.libvirt(() => this.hv.domainResume(d));
   }
 
   /**
-   * A pause or resume (a warm claim waits on one) tried first on its own: libvirt refuses it unless the guest is
-   * in the state it leaves, and only then are the saved memory of an interrupted snapshot and the power state
-   * looked at — two calls fewer on the common path.
+   * A pause or resume (a warm claim waits on one) tried first on its own, on the domain's handle from its last
+   * lookup: libvirt refuses it unless the guest is in the state it leaves (or the handle names a domain that is
+   * gone), and only then is the domain looked up afresh and the saved memory of an interrupted snapshot and
+   * the power state looked at. The common path is the one call a bare client would make.
    */
-  private async quickly(call: () => Promise<unknown>): Promise<boolean> {
+  private async quickly(id: string, call: (d: Dom) => Promise<unknown>): Promise<boolean> {
     try {
-      await call();
+      await call(this.handles.get(id) ?? (await this.must(id)));
       return true;
     } catch {
       return false;
@@ -252,6 +255,7 @@ class LibvirtRuntime implements Runtime, LibvirtRuntimeExtras {
     await rm(this.dir(id), { recursive: true, force: true });
     this.disks.delete(id);
     this.owned.delete(id);
+    this.handles.delete(id);
     this.crashes.clear(id);
   }
 
@@ -318,7 +322,9 @@ class LibvirtRuntime implements Runtime, LibvirtRuntimeExtras {
     } catch {
       return null;
     }
-    return (await this.mine(id, d)) ? d : null;
+    if (!(await this.mine(id, d))) return null;
+    this.handles.set(id, d);
+    return d;
   }
 
   private async mine(name: string, d: Dom): Promise<boolean> {
