@@ -16,6 +16,8 @@ export interface CommandRunnerOptions {
   /** Deliver an exec's output, chunks in `seq` order; resolving means the server has them. Retried like `send`. */
   sendOutput(commandId: string, chunks: ExecChunk[]): Promise<void>;
   locks: InstanceLocks;
+  /** A pause or resume arrived ahead of the spec generation that says the same (./converge.ts, `powerAhead`). */
+  onPower?: (instanceId: string, generation: number) => void;
   log?: (msg: string, fields?: Record<string, unknown>) => void;
   now?: () => number;
   /** Sending: each attempt bounded by `attemptMs`; between failures, a wait doubling from `firstMs` to `maxMs`. */
@@ -212,6 +214,7 @@ export class CommandRunner {
    */
   private async runPower(cmd: PowerCommand): Promise<void> {
     const lease = await this.o.locks.acquire(cmd.args.instanceId);
+    if (cmd.args.generation !== undefined) this.o.onPower?.(cmd.args.instanceId, cmd.args.generation);
     let outcome: Outcome;
     try {
       if (this.now() > Date.parse(cmd.deadline)) throw new Error(`not started: received after its deadline ${cmd.deadline}`);

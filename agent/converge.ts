@@ -17,12 +17,23 @@ interface Failure {
  */
 export class Converger {
   private readonly failures = new Map<string, Failure>();
+  /** Per instance, the spec generation of a pause or resume that came ahead of its spec (`powerAhead`). */
+  private readonly ahead = new Map<string, number>();
 
   constructor(
     private readonly runtime: Runtime,
     private readonly onError: (id: string, e: unknown) => void = () => {},
     private readonly locks: InstanceLocks = new InstanceLocks(),
   ) {}
+
+  /**
+   * A pause or resume for `id` came as a command ahead of spec `generation`, which says the same. A pass on an
+   * older spec (one a command's release or another instance's change set off before that spec arrived) would
+   * undo it, flipping the guest back and forth, so passes leave the instance alone until the spec catches up.
+   */
+  powerAhead(id: string, generation: number): void {
+    this.ahead.set(id, Math.max(generation, this.ahead.get(id) ?? 0));
+  }
 
   /** The pool runtimes this host converges. */
   get serves(): readonly string[] {
@@ -50,7 +61,9 @@ export class Converger {
     };
     const wanted = new Set(spec.instances.map((i) => i.id));
     for (const id of this.failures.keys()) if (!wanted.has(id)) this.failures.delete(id);
+    for (const [id, generation] of this.ahead) if (generation <= spec.generation) this.ahead.delete(id);
     for (const inst of spec.instances) {
+      if (this.ahead.has(inst.id)) continue;
       const failed = this.failures.get(inst.id);
       // A refusal stands until the spec changes and asks for the instance to run again, or to stop a domain
       // the host has (stopping it is what the owner wants now, and the host can do it).

@@ -68,6 +68,7 @@ export async function startAgent(opts: AgentOptions) {
     stateDir: opts.stateDir,
     runtime: opts.runtime,
     locks,
+    onPower: (id, generation) => converger.powerAhead(id, generation),
     log,
     send: async (report) => {
       try {

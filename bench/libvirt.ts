@@ -74,16 +74,16 @@ async function platformHost(guest: Awaited<ReturnType<typeof buildGuest>>, bridg
   });
   const t = api.tenant;
   const runtime = await createLibvirtRuntime({ stateDir: join(dir, "agent", "libvirt"), boot: guest, shutdownTimeoutMs: 1000, imageSources: loopbackSources });
-  // When the host's call for a pause or resume began and ended.
-  const calls: { start: number; end: number }[] = [];
-  for (const kind of ["pause", "resume"] as const) {
-    const real = runtime[kind].bind(runtime);
-    runtime[kind] = async (id: string) => {
+  // When each of the host's runtime calls began and ended.
+  const calls: { kind: string; start: number; end: number }[] = [];
+  for (const kind of ["pause", "resume", "create", "start", "list", "capacity"] as const) {
+    const real = (runtime[kind] as (...a: unknown[]) => Promise<unknown>).bind(runtime);
+    (runtime as unknown as Record<string, unknown>)[kind] = async (...a: unknown[]) => {
       const start = performance.now();
       try {
-        return await real(id);
+        return await real(...a);
       } finally {
-        calls.push({ start, end: performance.now() });
+        calls.push({ kind, start, end: performance.now() });
       }
     };
   }
@@ -118,9 +118,8 @@ async function platformHost(guest: Awaited<ReturnType<typeof buildGuest>>, bridg
       for (;;) {
         const hit = seen.find((x) => x.id === id && x.state === state);
         if (hit) {
-          const call = calls.at(-1);
-          if (call && process.env.BENCH_TRACE)
-            console.log(`${state}: answered ${ms(answered - t0)}, host call ${ms(call.start - t0)}–${ms(call.end - t0)}, event ${ms(hit.at - t0)}`);
+          const host = calls.filter((c) => c.start < hit.at).map((c) => `${c.kind} ${ms(c.start - t0)}–${ms(c.end - t0)}`);
+          if (process.env.BENCH_TRACE) console.log(`${state}: answered ${ms(answered - t0)}; host: ${host.join(", ")}; event ${ms(hit.at - t0)}`);
           return hit.at - t0;
         }
         if (Date.now() > end) throw new Error(`${id} did not reach ${state}: ${JSON.stringify(seen)}`);

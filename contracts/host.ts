@@ -159,6 +159,12 @@ export function macFor(instanceId: string, hash: (s: string) => string): string 
 export const hostCommandKinds = ["instance.snapshot", "instance.restore", "instance.exec", "instance.resume", "instance.pause"] as const;
 export type HostCommandKind = (typeof hostCommandKinds)[number];
 
+/**
+ * A pause's or resume's instance, and the node spec generation that says the same (the write that queued the
+ * command made it). The command arrives ahead of that spec: until the host has it, a converge pass on an older
+ * spec would undo the command, so it leaves the instance alone. Absent from an older server's commands.
+ */
+const powerArgs = z.object({ instanceId: z.string().regex(/^inst_[a-z2-7]{52}$/), generation: z.number().int().nonnegative().optional() });
 const commandBase = {
   id: z.string().regex(/^cmd_[a-z2-7]+$/),
   /** ISO 8601: past it the host refuses to start the command (the server has given up on it by then). */
@@ -202,9 +208,9 @@ export const hostCommand = z.discriminatedUnion("kind", [
    * Resume a paused instance now (a warm sandbox just claimed, or a resume asked for): straight to the host,
    * ahead of the spec that also says so, so it does not wait for a converge pass and a report.
    */
-  z.object({ ...commandBase, kind: z.literal("instance.resume"), args: z.object({ instanceId: z.string().regex(/^inst_[a-z2-7]{52}$/) }) }),
+  z.object({ ...commandBase, kind: z.literal("instance.resume"), args: powerArgs }),
   /** Pause a running instance now, the same way. */
-  z.object({ ...commandBase, kind: z.literal("instance.pause"), args: z.object({ instanceId: z.string().regex(/^inst_[a-z2-7]{52}$/) }) }),
+  z.object({ ...commandBase, kind: z.literal("instance.pause"), args: powerArgs }),
 ]);
 export type HostCommand = z.infer<typeof hostCommand>;
 

@@ -52,7 +52,8 @@ export async function setDesiredState(w: Write, who: Principal, id: string, desi
     const power =
       desired === "paused" && inst.state === "running" ? "instance.pause" : desired === "running" && inst.state === "paused" ? "instance.resume" : null;
     if (power && inst.nodeId) {
-      await enqueueCommand(w, { nodeId: inst.nodeId, instanceId: inst.id, kind: power, args: { instanceId: inst.id }, timeoutMs: POWER_COMMAND_MS });
+      const args = { instanceId: inst.id, generation: changed.specGeneration };
+      await enqueueCommand(w, { nodeId: inst.nodeId, instanceId: inst.id, kind: power, args, timeoutMs: POWER_COMMAND_MS });
       // Nothing for a reconcile pass to do until the host answers, and its answer wakes the instance.
       w.settle(inst.id);
     }

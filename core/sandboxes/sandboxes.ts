@@ -170,17 +170,18 @@ async function claimWarm(w: Write, t: SandboxTemplate, who: Principal & { tenant
     (await one<Instance>(w.sql, `${ready} FOR UPDATE`, [t.id, t.version]));
   if (!inst) return null;
   const charge = chargeOf(inst);
-  if (inst.nodeId) {
-    await enqueueCommand(w, { nodeId: inst.nodeId, instanceId: inst.id, kind: "instance.resume", args: { instanceId: inst.id }, timeoutMs: POWER_COMMAND_MS });
-    // The host's answer wakes it; a reconcile pass before then would find nothing to do and hold the row it waits on.
-    w.settle(inst.id);
-  }
   const claimed = await writeChange(
     w,
     inst,
     { desired_state: "running", sandbox_id: sbx, claimed_at: w.now, owner_identity_id: who.identityId, charge, charge_released: false },
     "sandbox:claimed",
   );
+  if (inst.nodeId) {
+    const args = { instanceId: inst.id, generation: claimed.specGeneration };
+    await enqueueCommand(w, { nodeId: inst.nodeId, instanceId: inst.id, kind: "instance.resume", args, timeoutMs: POWER_COMMAND_MS });
+    // The host's answer wakes it; a reconcile pass before then would find nothing to do and hold the row it waits on.
+    w.settle(inst.id);
+  }
   // From now the allocation is the tenant's to pay for, not the operator's.
   if (claimed.allocationId) await handOverSpan(w, claimed.allocationId, spanOwner(claimed));
   // The quota row after the node's (the change above bumps its spec), as admission and deletion take them:

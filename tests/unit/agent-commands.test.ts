@@ -298,6 +298,41 @@ describe("host commands", () => {
     expect(existsSync(join(root, "commands", "cmd_pause.json"))).toBe(false);
   });
 
+  it("leaves a paused or resumed instance alone in passes on a spec older than the command, until the spec catches up", async () => {
+    const rt = await host();
+    const locks = new InstanceLocks();
+    const converger = new Converger(rt, () => {}, locks);
+    const { r } = runner(rt, { locks, onPower: (id, generation) => converger.powerAhead(id, generation) });
+    const power = (id: string, kind: "instance.pause" | "instance.resume", generation: number): HostCommand => ({
+      id,
+      kind,
+      deadline: new Date(Date.now() + hour).toISOString(),
+      args: { instanceId: A, generation },
+    });
+    const at = (generation: number, a: InstanceSpec["power"]): NodeSpec => ({
+      nodeId: "node_x",
+      generation,
+      runtime: "fake",
+      instances: [spec(A, a), spec(B)],
+      remove: [],
+    });
+    // Paused by generation 6's command while the host holds generation 5 (running): the pass its release sets off
+    // runs on 5, and must not resume the guest.
+    await r.receive(power("cmd_p", "instance.pause", 6));
+    await converger.converge(at(5, "running"));
+    expect(await stateOf(rt, A)).toBe("paused");
+    await converger.converge(at(6, "paused"));
+    expect(await stateOf(rt, A)).toBe("paused");
+    // Resumed by 8's command; 7 (paused) is older still.
+    await r.receive(power("cmd_r", "instance.resume", 8));
+    await converger.converge(at(7, "paused"));
+    expect(await stateOf(rt, A)).toBe("running");
+    // Once the spec has caught up it rules again: a later spec that says paused is carried out.
+    await converger.converge(at(8, "running"));
+    await converger.converge(at(9, "paused"));
+    expect(await stateOf(rt, A)).toBe("paused");
+  });
+
   it("retries a report the server fails or never answers until it is taken, without holding up another command", async () => {
     const rt = await host();
     let attempts = 0;
