@@ -139,9 +139,10 @@ export class CommandRunner {
   }
 
   /**
-   * Resolves once the pauses and resumes under way when called have run, or after `maxMs`. The converger waits
-   * on it before a pass: a resume (what a warm claim waits on) then has the hypervisor to itself, instead of
-   * queueing behind the pass's look at every domain, which the spec change that comes with it sets off.
+   * Resolves once the pauses and resumes under way when called have run and their reports have reached the
+   * server, or after `maxMs`. The converger waits on it before a pass: a resume (what a warm claim waits on)
+   * then has the hypervisor to itself, and its report the host's CPU, instead of competing with the pass's
+   * look at every domain, which the spec change that comes with it sets off.
    */
   async powerDone(maxMs: number): Promise<void> {
     if (!this.power.size) return;
@@ -178,8 +179,10 @@ export class CommandRunner {
   private async handle(cmd: HostCommand): Promise<void> {
     if (cmd.kind === "instance.resume" || cmd.kind === "instance.pause") {
       const run = this.runPower(cmd);
-      this.power.add(run);
-      return run.finally(() => this.power.delete(run));
+      const reported = run.then(() => this.outbox.get(cmd.id)?.done);
+      this.power.add(reported);
+      void reported.finally(() => this.power.delete(reported));
+      return run;
     }
     const known = await this.journal.read(cmd.id);
     if (known && known.state !== "running") return this.deliver(finalReport(known));
@@ -213,7 +216,8 @@ export class CommandRunner {
    * and the converger leaves it to this command instead of listing the host's domains ahead of it.
    */
   private async runPower(cmd: PowerCommand): Promise<void> {
-    const lease = await this.o.locks.acquire(cmd.args.instanceId);
+    // Quiet: the command's own report settles the instance's state, and the spec that says the same follows.
+    const lease = await this.o.locks.acquire(cmd.args.instanceId, { quiet: true });
     if (cmd.args.generation !== undefined) this.o.onPower?.(cmd.args.instanceId, cmd.args.generation);
     let outcome: Outcome;
     try {
@@ -264,7 +268,7 @@ export class CommandRunner {
     const { instanceId, ...req } = cmd.args;
     this.deliver({ id: cmd.id, state: "running", result: null, error: null });
     // Taken and given back at once: only the wait for a snapshot or restore already holding it matters.
-    (await this.o.locks.acquire(instanceId)).release();
+    (await this.o.locks.acquire(instanceId, { quiet: true })).release();
     if (this.leaving.signal.aborted) return;
     const output = new ExecOutput({
       attempt: (chunks) => this.bounded(() => this.o.sendOutput(cmd.id, chunks), this.leaving.signal),

@@ -19,6 +19,8 @@ export class Converger {
   private readonly failures = new Map<string, Failure>();
   /** Per instance, the spec generation of a pause or resume that came ahead of its spec (`powerAhead`). */
   private readonly ahead = new Map<string, number>();
+  /** Instances a pass skipped because a command held them: the command's release owes them a pass. */
+  private readonly heldBack = new Set<string>();
 
   constructor(
     private readonly runtime: Runtime,
@@ -33,6 +35,11 @@ export class Converger {
    */
   powerAhead(id: string, generation: number): void {
     this.ahead.set(id, Math.max(generation, this.ahead.get(id) ?? 0));
+  }
+
+  /** Whether a pass skipped `id` while a command held it (and forget it): its release must ask for a pass. */
+  takeHeldBack(id: string): boolean {
+    return this.heldBack.delete(id);
   }
 
   /** The pool runtimes this host converges. */
@@ -71,6 +78,7 @@ export class Converger {
       const lease = this.locks.tryAcquire(inst.id);
       if (!lease) {
         skipped.push(inst.id);
+        this.heldBack.add(inst.id);
         continue;
       }
       try {
@@ -89,6 +97,7 @@ export class Converger {
       const lease = this.locks.tryAcquire(id);
       if (!lease) {
         skipped.push(id);
+        this.heldBack.add(id);
         continue;
       }
       try {

@@ -164,7 +164,11 @@ export async function startAgent(opts: AgentOptions) {
     if (!running) running = loop();
   };
   const kick = () => schedule("pass");
-  locks.onCommandRelease(kick);
+  // A quiet command (pause, resume, exec) changes nothing a pass would act on, unless a pass skipped its
+  // instance meanwhile; a pass after each would only compete with the command's report.
+  locks.onCommandRelease((id, quiet) => {
+    if (converger.takeHeldBack(id) || !quiet) kick();
+  });
   // A domain a command was in the middle of when the agent died is the command's before the first pass.
   await commands.recover();
   void commands.prune().catch((e) => log("pruning command journals failed", { err: String(e) }));

@@ -298,6 +298,28 @@ describe("host commands", () => {
     expect(existsSync(join(root, "commands", "cmd_pause.json"))).toBe(false);
   });
 
+  it("owes a pass after a pause or resume only where a pass skipped its instance meanwhile; after a snapshot always", async () => {
+    const rt = await host({ delays: { resume: 200, pause: 200 } });
+    await rt.pause(A);
+    const locks = new InstanceLocks();
+    const converger = new Converger(rt, () => {}, locks);
+    // What the agent does on a release (agent/index.ts): a pass where this says so.
+    const owed: [string, boolean][] = [];
+    locks.onCommandRelease((id, quiet) => owed.push([id, converger.takeHeldBack(id) || !quiet]));
+    const { r } = runner(rt, { locks });
+    const deadline = new Date(Date.now() + hour).toISOString();
+    const resuming = r.receive({ id: "cmd_r", kind: "instance.resume", deadline, args: { instanceId: A } });
+    expect(await converger.converge({ nodeId: "node_x", generation: 3, runtime: "fake", instances: [spec(A), spec(B)], remove: [] })).toEqual({ skipped: [A] });
+    await resuming;
+    await r.receive({ id: "cmd_p", kind: "instance.pause", deadline, args: { instanceId: A } });
+    await r.receive(command("cmd_s", "instance.snapshot", B, "snap_b"));
+    expect(owed).toEqual([
+      [A, true],
+      [A, false],
+      [B, true],
+    ]);
+  });
+
   it("leaves a paused or resumed instance alone in passes on a spec older than the command, until the spec catches up", async () => {
     const rt = await host();
     const locks = new InstanceLocks();
