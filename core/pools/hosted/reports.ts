@@ -25,46 +25,52 @@ export async function recordReport(w: Write, nodeId: string, report: StatusRepor
   if (!node) throw new AppError("UNAUTHENTICATED", `node ${nodeId} is gone`);
   const refuses = report.runtimes !== undefined && !report.runtimes.includes(node.runtime);
   const seen = refuses ? [] : report.instances.map((i) => ({ ...i, shape: i.shape ?? null }));
-  const changed = await sql.query<{ id: string }>(
-    `UPDATE instances i SET observed_state = r.state, observed_error = r.error, observed_retryable = r.retryable,
-            observed_shape = r.shape, observed_generation = $2, observed_at = $3
-       FROM jsonb_to_recordset($4::jsonb) AS r(id text, state text, error text, retryable boolean, shape jsonb)
-      WHERE i.id = r.id AND i.node_id = $1 AND i.state <> 'deleted'
-        AND (i.observed_state IS DISTINCT FROM r.state OR i.observed_error IS DISTINCT FROM r.error
-             OR i.observed_shape IS DISTINCT FROM r.shape OR (i.observed_generation < i.spec_generation AND $2 >= i.spec_generation))
-      RETURNING i.id`,
-    [nodeId, report.generation, now, JSON.stringify(seen)],
-  );
   const ids = seen.map((i) => i.id);
-  const vanished = refuses
-    ? []
-    : await sql.query<{ id: string }>(
-        `UPDATE instances SET observed_state = 'absent', observed_error = NULL, observed_generation = $2, observed_at = $3
-          WHERE node_id = $1 AND state <> 'deleted' AND NOT (id = ANY($4::text[]))
-            AND (observed_state IS DISTINCT FROM 'absent' OR (observed_generation < spec_generation AND $2 >= spec_generation))
-          RETURNING id`,
-        [nodeId, report.generation, now, ids],
-      );
-  const readdressed = await recordAddresses(w, nodeId, seen);
-  // Domains no instance on this node owns are orphans; one that is owned again, or gone, is not (the two sets
-  // are apart: a domain added is listed and unowned, one removed is unlisted or owned). A refusing host's
-  // domains are another runtime's business: its orphans stay as they were.
-  const [orphans] = refuses
-    ? [{ orphaned: 0, adopted: 0 }]
-    : await sql.query<{ orphaned: number; adopted: number }>(
-        `WITH added AS (
-           INSERT INTO orphans (node_id, domain_id, first_seen_at)
-           SELECT $1, d, $2 FROM unnest($3::text[]) AS d
-            WHERE NOT EXISTS (SELECT 1 FROM instances i WHERE i.id = d AND i.node_id = $1 AND i.state <> 'deleted')
-           ON CONFLICT DO NOTHING RETURNING domain_id),
-         removed AS (
-           DELETE FROM orphans o WHERE o.node_id = $1
-              AND (NOT (o.domain_id = ANY($3::text[])) OR EXISTS (SELECT 1 FROM instances i WHERE i.id = o.domain_id AND i.node_id = $1 AND i.state <> 'deleted'))
-           RETURNING domain_id)
-         SELECT (SELECT count(*)::int FROM added) AS orphaned, (SELECT count(*)::int FROM removed) AS adopted`,
-        [nodeId, now, ids],
-      );
-  const { orphaned, adopted } = orphans ?? { orphaned: 0, adopted: 0 };
+  // What the host says of its domains, in one statement: observations that say something new, domains gone
+  // (absent), orphans found and adopted, and the addresses of the instances it names (for recordAddresses).
+  // The two updates touch apart rows (named, not named). Domains no instance on this node owns are orphans; one
+  // that is owned again, or gone, is not. A refusing host's domains are another runtime's business: nothing is
+  // absent for it, and its orphans stay as they were.
+  const [said] = await sql.query<{
+    changed: string[];
+    vanished: string[];
+    orphaned: number;
+    adopted: number;
+    addressed: { id: string; addresses: string[] }[];
+  }>(
+    `WITH changed AS (
+       UPDATE instances i SET observed_state = r.state, observed_error = r.error, observed_retryable = r.retryable,
+              observed_shape = r.shape, observed_generation = $2, observed_at = $3
+         FROM jsonb_to_recordset($4::jsonb) AS r(id text, state text, error text, retryable boolean, shape jsonb)
+        WHERE i.id = r.id AND i.node_id = $1 AND i.state <> 'deleted'
+          AND (i.observed_state IS DISTINCT FROM r.state OR i.observed_error IS DISTINCT FROM r.error
+               OR i.observed_shape IS DISTINCT FROM r.shape OR (i.observed_generation < i.spec_generation AND $2 >= i.spec_generation))
+        RETURNING i.id),
+     vanished AS (
+       UPDATE instances SET observed_state = 'absent', observed_error = NULL, observed_generation = $2, observed_at = $3
+        WHERE NOT $6::boolean AND node_id = $1 AND state <> 'deleted' AND NOT (id = ANY($5::text[]))
+          AND (observed_state IS DISTINCT FROM 'absent' OR (observed_generation < spec_generation AND $2 >= spec_generation))
+        RETURNING id),
+     added AS (
+       INSERT INTO orphans (node_id, domain_id, first_seen_at)
+       SELECT $1, d, $3 FROM unnest($5::text[]) AS d
+        WHERE NOT $6::boolean AND NOT EXISTS (SELECT 1 FROM instances i WHERE i.id = d AND i.node_id = $1 AND i.state <> 'deleted')
+       ON CONFLICT DO NOTHING RETURNING domain_id),
+     removed AS (
+       DELETE FROM orphans o WHERE NOT $6::boolean AND o.node_id = $1
+          AND (NOT (o.domain_id = ANY($5::text[])) OR EXISTS (SELECT 1 FROM instances i WHERE i.id = o.domain_id AND i.node_id = $1 AND i.state <> 'deleted'))
+       RETURNING domain_id)
+     SELECT COALESCE((SELECT array_agg(id) FROM changed), '{}') AS changed, COALESCE((SELECT array_agg(id) FROM vanished), '{}') AS vanished,
+            (SELECT count(*)::int FROM added) AS orphaned, (SELECT count(*)::int FROM removed) AS adopted,
+            COALESCE((SELECT jsonb_agg(jsonb_build_object('id', id, 'addresses', addresses)) FROM instances
+                       WHERE node_id = $1 AND id = ANY($5::text[]) AND state NOT IN ('deleting', 'deleted') AND cardinality(addresses) > 0), '[]') AS addressed`,
+    [nodeId, report.generation, now, JSON.stringify(seen), ids, refuses],
+  );
+  const changed = said?.changed ?? [];
+  const vanished = said?.vanished ?? [];
+  const readdressed = await recordAddresses(w, nodeId, seen, said?.addressed ?? []);
+  const orphans = { orphaned: said?.orphaned ?? 0, adopted: said?.adopted ?? 0 };
+  const { orphaned, adopted } = orphans;
   // An operator's cordon stands: only a ready node starts refusing, and only a refusing one is ready again.
   // The capacity the host reports, never below what is already allocated on it (placed instances keep their
   // claim), goes in the same statement; `resized` compares it with the row as it was.
@@ -85,7 +91,7 @@ export async function recordReport(w: Write, nodeId: string, report: StatusRepor
   const wake =
     node.wasLost || flipped
       ? (await sql.query<{ id: string }>(`SELECT id FROM instances WHERE node_id = $1 AND state <> 'deleted'`, [nodeId])).map((r) => r.id)
-      : [...changed, ...vanished].map((r) => r.id);
+      : [...changed, ...vanished];
   for (const id of wake) w.wake(id);
   if (changed.length || vanished.length || orphaned || adopted || capacityChanged || node.wasLost || flipped || readdressed) {
     w.audit({
@@ -109,14 +115,16 @@ const MAX_REPORTED_ADDRESSES = 16;
 /**
  * An instance's addresses are its lease (always first: the spec gives it to the guest) and then what its
  * runtime reports it uses. A change is an instance change like any other (an event, a new version), so
- * watchers see it. Returns how many instances changed.
+ * watchers see it. `candidates`: the reported instances of this node that hold a lease, as the report's
+ * statement read them. Returns how many instances changed.
  */
-async function recordAddresses(w: Write, nodeId: string, seen: { id: string; addresses: string[] }[]): Promise<number> {
+async function recordAddresses(
+  w: Write,
+  nodeId: string,
+  seen: { id: string; addresses: string[] }[],
+  candidates: { id: string; addresses: string[] }[],
+): Promise<number> {
   const reported = new Map(seen.map((i) => [i.id, [...new Set(i.addresses.filter((a) => isIP(a) !== 0))].slice(0, MAX_REPORTED_ADDRESSES)]));
-  const candidates = await w.sql.query<{ id: string; addresses: string[] }>(
-    `SELECT id, addresses FROM instances WHERE node_id = $1 AND id = ANY($2::text[]) AND state NOT IN ('deleting', 'deleted') AND cardinality(addresses) > 0`,
-    [nodeId, [...reported.keys()]],
-  );
   const merged = (lease: string, id: string) => [lease, ...(reported.get(id) ?? []).filter((a) => a !== lease)];
   const differ = (id: string, addresses: string[]) => JSON.stringify(merged(addresses[0] as string, id)) !== JSON.stringify(addresses);
   const stale = candidates.filter((c) => differ(c.id, c.addresses)).map((c) => c.id);
