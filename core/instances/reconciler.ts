@@ -73,8 +73,8 @@ export const INLINE_PASSES = 8;
 
 /**
  * A host's report just told something new about these instances: take their passes now, each in its own
- * transaction, where the news arrived, instead of after a trip through the job queue. The jobs the report
- * enqueued still run (they find nothing left, or whatever this missed); a failure here is theirs to retry.
+ * transaction, where the news arrived, instead of after a trip through the job queue. The report enqueued no
+ * jobs for them (recordReport's `passesHereUpTo`); a pass that fails is handed to `onError`, which queues one.
  */
 export async function reconcileNews(
   write: (fn: (w: Write) => Promise<Instance | null>) => Promise<Instance | null>,

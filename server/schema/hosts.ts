@@ -2,7 +2,7 @@ import { z } from "zod";
 import type { Channels } from "../../contracts/channels.ts";
 import { commandReport, execChunk, type HostCommand, type NodeSpecChange, statusReport } from "../../contracts/host.ts";
 import { requireNode, requireOperator } from "../../core/auth/principal.ts";
-import { reconcileNews } from "../../core/instances/reconciler.ts";
+import { INLINE_PASSES, reconcileNews } from "../../core/instances/reconciler.ts";
 import { recordHostReport } from "../../core/instances/snapshots.ts";
 import { parseInput } from "../../core/kernel/validation.ts";
 import { commandsForNode } from "../../core/pools/hosted/commands.ts";
@@ -82,13 +82,16 @@ builder.mutationFields((t) => ({
     resolve: async (_r, { report }, ctx, info) => {
       const nodeId = requireNode(ctx.principal);
       const parsed = parseInput(statusReport, report, "report");
-      const ack = await mutate(ctx, info, (w) => recordReport(w, nodeId, parsed));
-      // The news is here: its reconcile passes need no trip through the job queue (they stay queued as a backstop).
+      const ack = await mutate(ctx, info, (w) => recordReport(w, nodeId, parsed, { passesHereUpTo: INLINE_PASSES }));
+      // The news is here: its reconcile passes need no trip through the job queue; one that fails goes there.
       await reconcileNews(
         (fn) => ctx.platform.write({ actor: "reconciler", requestId: ctx.requestId }, fn),
         ctx.platform.drivers,
         ack.woken,
-        (id, e) => ctx.log.warn("a report's reconcile pass failed; its job will retry", { instanceId: id, err: String(e) }),
+        (id, e) => {
+          ctx.log.warn("a report's reconcile pass failed; its job will retry", { instanceId: id, err: String(e) });
+          void ctx.platform.jobs.enqueue("vps.instances", { instanceId: id }).catch(() => {});
+        },
       );
       return ack;
     },

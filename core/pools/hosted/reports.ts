@@ -10,9 +10,15 @@ import type { Write } from "../../kernel/write.ts";
  * generation has caught up with the instance's last change (generations.ts). A report that changes nothing
  * but the node's liveness (a heartbeat) writes no audit row: liveness is not a change anyone acted on.
  * A host that lacks its pool's runtime refuses the pool's spec: the node shows `refusing`, and nothing it
- * says of domains is taken as news of the pool's instances (reconcile.ts marks them).
+ * says of domains is taken as news of the pool's instances (reconcile.ts marks them). `passesHereUpTo`: the
+ * caller reconciles the woken instances itself right after the commit when there are at most that many.
  */
-export async function recordReport(w: Write, nodeId: string, report: StatusReport): Promise<{ generation: number; woken: string[] }> {
+export async function recordReport(
+  w: Write,
+  nodeId: string,
+  report: StatusReport,
+  opts: { passesHereUpTo?: number } = {},
+): Promise<{ generation: number; woken: string[] }> {
   const { sql, now } = w;
   // Lock order, everywhere: instance rows before node rows (an instance change bumps its node's generation).
   // So the node row is read here without a lock and written last.
@@ -92,7 +98,13 @@ export async function recordReport(w: Write, nodeId: string, report: StatusRepor
     node.wasLost || flipped
       ? (await sql.query<{ id: string }>(`SELECT id FROM instances WHERE node_id = $1 AND state <> 'deleted'`, [nodeId])).map((r) => r.id)
       : [...changed, ...vanished];
-  for (const id of wake) w.wake(id);
+  // Instances whose passes the caller takes itself once this commits (as many as it said it would) get no job:
+  // one would only queue on the row behind that pass and find nothing left. The sweep is the net if the
+  // caller dies in between.
+  for (const id of wake) {
+    if (wake.length <= (opts.passesHereUpTo ?? 0)) w.settle(id);
+    else w.wake(id);
+  }
   if (changed.length || vanished.length || orphaned || adopted || capacityChanged || node.wasLost || flipped || readdressed) {
     w.audit({
       targetId: nodeId,
