@@ -9,8 +9,6 @@ export interface Lease {
 
 interface Hold {
   by: "command" | "converger";
-  /** A command that leaves nothing for a pass to do once it ends (a pause, a resume, an exec's wait). */
-  quiet: boolean;
   pinned: DomainStatus | undefined;
   released: Promise<void>;
 }
@@ -19,8 +17,9 @@ interface Hold {
  * One lock per instance, shared by host commands and the converger, so only one of them acts on an instance
  * at a time. A command waits for its instance; the converger never waits: it skips a held instance and goes
  * on with the others, so a long snapshot stalls nothing else, and the command's release asks for another
- * pass (a quiet one's only where a pass skipped the instance meanwhile). While a command holds an instance, reports show it as it was when the command began: a snapshot
- * stops the domain for a moment, and the server must not take that for the guest powering off.
+ * pass. A quiet command (a pause, a resume, an exec's wait) leaves nothing for a pass to do once it ends, and
+ * its release says so. While a command holds an instance, reports show it as it was when the command began: a
+ * snapshot stops the domain for a moment, and the server must not take that for the guest powering off.
  */
 export class InstanceLocks {
   private readonly holds = new Map<string, Hold>();
@@ -64,7 +63,7 @@ export class InstanceLocks {
 
   private take(id: string, by: Hold["by"], quiet: boolean): Lease {
     let done = () => {};
-    const hold: Hold = { by, quiet, pinned: undefined, released: new Promise<void>((r) => (done = r)) };
+    const hold: Hold = { by, pinned: undefined, released: new Promise<void>((r) => (done = r)) };
     this.holds.set(id, hold);
     let released = false;
     return {
