@@ -1,13 +1,13 @@
 import parsePrometheusTextFormat from "parse-prometheus-text-format";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { CreateApiTokenDocument, CreateInstanceDocument, CreateTenantDocument } from "../../sdk/client.ts";
+import { CreateApiTokenDocument, CreateInstanceDocument, CreateTenantDocument, StopInstanceDocument } from "../../sdk/client.ts";
 import { until } from "../support/fixtures.ts";
 import { waitForState } from "../support/hosts.ts";
 import { type Cluster, startCluster } from "./processes.ts";
 
 /**
  * `bc worker` as a process of its own serves /metrics on METRICS_PORT (0: a free port, printed): its job timings,
- * queue depth, writes and process figures, scraped after an instance converged through it.
+ * queue depth, writes and process figures, scraped after an instance was stopped through it.
  */
 let c: Cluster;
 beforeAll(async () => {
@@ -26,16 +26,20 @@ const count = (text: string, name: string, label: string) =>
     .reduce((sum, m) => sum + Number(m[2]), 0);
 
 describe("the worker's own /metrics", () => {
-  it("shows how long vps.instances jobs waited and ran once an instance converged", async () => {
+  it("shows how long vps.instances jobs waited and ran once an instance was stopped through it", async () => {
     const url = (await c.worker.waitFor(/metrics on (\S+)/))[1] as string;
     const { createTenant } = await c.operator.request(CreateTenantDocument, { input: { name: "metrics" } });
     const { createApiToken } = await c.operator.request(CreateApiTokenDocument, { input: { tenantId: createTenant.id, name: "m" } });
     const t = c.client(createApiToken.token);
     const { createInstance } = await t.request(CreateInstanceDocument, { input: { poolId: c.poolId, flavor: "tiny", imageId: c.imageId } });
     await waitForState(t, createInstance.id, "RUNNING", 30_000);
+    // A create runs without a job (admission places it; the host's reports are reconciled where they arrive);
+    // a stop is the reconciler's, through the worker's queue.
+    await t.request(StopInstanceDocument, { id: createInstance.id });
+    await waitForState(t, createInstance.id, "STOPPED", 30_000);
 
     let text = "";
-    // The run that moved it to running is observed as it returns, a moment after the state a client reads.
+    // The run is observed as it returns, a moment after the state a client reads.
     await until("vps.instances runs counted", async () => {
       text = await (await fetch(url)).text();
       return count(text, "bc_job_duration_seconds", 'job="vps.instances"') > 0;

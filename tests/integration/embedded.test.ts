@@ -9,6 +9,7 @@ import {
   createClient,
   InstanceDocument,
   InstancesDocument,
+  StopInstanceDocument,
   TenantsDocument,
   watchInstance,
 } from "../../sdk/client.ts";
@@ -86,7 +87,10 @@ describe("npm start (bc dev --sim 3, embedded: PGlite, in-memory bus and jobs)",
     }
     expect(seen[0]).toBe("PENDING");
     expect((await demo.request(InstanceDocument, { id: quick.id })).instance?.state).toBe("RUNNING");
-    // One process, one /metrics: the in-memory job runner's timings are on the server's page.
+    // One process, one /metrics: the in-memory job runner's timings are on the server's page. A create runs
+    // without a job (admission places it; the host's reports are reconciled where they arrive); a stop is the
+    // reconciler's, through the queue.
+    await demo.request(StopInstanceDocument, { id: quick.id });
     const jobRuns = async () => {
       const text = await (await fetch(first.url.replace(/\/graphql$/, "/metrics"))).text();
       return (
