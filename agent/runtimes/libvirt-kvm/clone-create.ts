@@ -34,30 +34,39 @@ export async function createFromSnapshot(c: DomainContext, spec: InstanceSpec, f
   if (!existsSync(memory) || !existsSync(join(final, "disk.qcow2"))) {
     throw new RuntimeError(`no snapshot ${from.snapshotId} of ${from.instanceId} on this host`, false);
   }
+  const image = join(dir, "clone.save.tmp");
   let xml: string;
-  if (!d) {
-    const saved = await savedXml(memory);
-    refuseOtherShape(saved, spec);
-    await mkdir(dir, { recursive: true });
-    await chmod(dir, PASS_THROUGH_DIR);
-    // Independent files, each a few process runs (qemu-img, the ISO writer): side by side.
-    await Promise.all([copyDisk(c, spec, join(final, "disk.qcow2")), writeSeedIso(spec, join(dir, "seed.iso"))]);
-    xml = cloneXml(saved, { fromId: from.instanceId, id: spec.id, uuid: randomUUID(), mac: spec.nic.mac, tap: tapFor(spec.id), owner: c.owner });
-    await writeFile(marker, `${from.instanceId}/${from.snapshotId}\n`);
-    d = await c.libvirt(() => c.hv.domainDefineXML(xml));
-  } else {
-    // The definition made before the agent died: the restored memory must come back under the same name and uuid.
-    xml = await c.libvirt(() => c.hv.domainGetXMLDesc(d as Dom, 2));
-  }
-  const dom = d;
-  if ((await c.power(dom)) === "stopped") {
-    const image = join(dir, "clone.save.tmp");
-    try {
-      await writeCloneImage(memory, image, xml);
-      await c.libvirt(() => c.hv.domainRestore(image));
-    } finally {
-      await rm(image, { force: true });
+  let imageWritten = false;
+  try {
+    if (!d) {
+      const saved = await savedXml(memory);
+      refuseOtherShape(saved, spec);
+      await mkdir(dir, { recursive: true });
+      await chmod(dir, PASS_THROUGH_DIR);
+      xml = cloneXml(saved, { fromId: from.instanceId, id: spec.id, uuid: randomUUID(), mac: spec.nic.mac, tap: tapFor(spec.id), owner: c.owner });
+      // Independent files, side by side: the disk (a copy and a qemu-img run), the seed (the ISO writer) and
+      // the save image with the clone's identity (a copy of the guest's memory, the largest of the three).
+      // All settled before a failure is thrown, so no copy is still writing when the temporary image is removed.
+      const made = await Promise.allSettled([
+        copyDisk(c, spec, join(final, "disk.qcow2")),
+        writeSeedIso(spec, join(dir, "seed.iso")),
+        writeCloneImage(memory, image, xml),
+      ]);
+      for (const r of made) if (r.status === "rejected") throw r.reason;
+      imageWritten = true;
+      await writeFile(marker, `${from.instanceId}/${from.snapshotId}\n`);
+      d = await c.libvirt(() => c.hv.domainDefineXML(xml));
+    } else {
+      // The definition made before the agent died: the restored memory must come back under the same name and uuid.
+      xml = await c.libvirt(() => c.hv.domainGetXMLDesc(d as Dom, 2));
     }
+    const dom = d;
+    if ((await c.power(dom)) === "stopped") {
+      if (!imageWritten) await writeCloneImage(memory, image, xml);
+      await c.libvirt(() => c.hv.domainRestore(image));
+    }
+  } finally {
+    await rm(image, { force: true });
   }
   await rm(marker, { force: true });
 }
