@@ -73,8 +73,9 @@ export const INLINE_PASSES = 8;
 
 /**
  * A host's report just told something new about these instances: take their passes now, each in its own
- * transaction, where the news arrived, instead of after a trip through the job queue. The report enqueued no
- * jobs for them (recordReport's `passesHereUpTo`); a pass that fails is handed to `onError`, which queues one.
+ * transaction, where the news arrived, instead of after a trip through the job queue. Which they are, and how
+ * many at most (INLINE_PASSES), recordReport decides (`passesHere`): it enqueued no jobs for them, so a pass
+ * that fails is handed to `onError`, which queues one.
  */
 export async function reconcileNews(
   write: (fn: (w: Write) => Promise<Instance | null>) => Promise<Instance | null>,
@@ -82,6 +83,5 @@ export async function reconcileNews(
   instanceIds: readonly string[],
   onError: (instanceId: string, e: unknown) => void,
 ): Promise<void> {
-  if (instanceIds.length > INLINE_PASSES) return;
   for (const id of instanceIds) await write((w) => reconcilePass(w, deps, id)).catch((e) => onError(id, e));
 }

@@ -87,7 +87,7 @@ builder.mutationFields((t) => ({
       await reconcileNews(
         (fn) => ctx.platform.write({ actor: "reconciler", requestId: ctx.requestId }, fn),
         ctx.platform.drivers,
-        ack.woken,
+        ack.passesHere,
         (id, e) => {
           ctx.log.warn("a report's reconcile pass failed; its job will retry", { instanceId: id, err: String(e) });
           void ctx.platform.jobs.enqueue("vps.instances", { instanceId: id }).catch(() => {});

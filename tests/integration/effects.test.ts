@@ -4,8 +4,16 @@ import type { InstanceEventMessage } from "../../contracts/channels.ts";
 import { INLINE_PASSES } from "../../core/instances/reconciler.ts";
 import { openBus } from "../../infra/bus.ts";
 import { queueName } from "../../infra/jobs.ts";
-import * as bc from "../../sdk/client.ts";
-import { CreateInstanceDocument, StartInstanceDocument, StopInstanceDocument } from "../../sdk/client.ts";
+import {
+  CreateInstanceDocument,
+  CreateJoinTokenDocument,
+  createClient,
+  InstanceDocument,
+  JoinNodeDocument,
+  ReportStatusDocument,
+  StartInstanceDocument,
+  StopInstanceDocument,
+} from "../../sdk/client.ts";
 import { sweep } from "../../worker/jobs/sweep.ts";
 import { expectCode, type Harness, redisUrl, startHarness } from "../support/harness.ts";
 
@@ -81,28 +89,28 @@ describe("after commit", () => {
   it("reconciles a host report's news where it arrives, with no job behind it, and queues jobs for a report too large for that", async () => {
     const t = await h.tenant();
     const pool = await h.hostedPool({ nodes: [] });
-    const { createJoinToken } = await h.operator.request(bc.CreateJoinTokenDocument, { poolId: pool.poolId });
-    const { joinNode } = await bc.createClient({ url: h.url }).request(bc.JoinNodeDocument, { token: createJoinToken.token, name: "news" });
-    const node = bc.createClient({ url: h.url, token: joinNode.credential });
+    const { createJoinToken } = await h.operator.request(CreateJoinTokenDocument, { poolId: pool.poolId });
+    const { joinNode } = await createClient({ url: h.url }).request(JoinNodeDocument, { token: createJoinToken.token, name: "news" });
+    const node = createClient({ url: h.url, token: joinNode.credential });
     const capacity = { vcpus: 64, memoryMib: 262_144, diskGib: 4000, gpus: [] };
-    await node.request(bc.ReportStatusDocument, { report: { generation: 0, instances: [], capacity } });
+    await node.request(ReportStatusDocument, { report: { generation: 0, instances: [], capacity } });
     const create = async () =>
       (await t.client.request(CreateInstanceDocument, { input: { poolId: pool.poolId, flavor: "small", imageId: pool.imageId } })).createInstance.id;
     const generation = async () =>
       (await h.platform.read((sql) => sql.query<{ g: number }>(`SELECT spec_generation AS g FROM nodes WHERE id = $1`, [joinNode.nodeId])))[0]?.g ?? 0;
     const defined = (id: string) => ({ id, state: "stopped", addresses: [], error: null, retryable: false, shape: { vcpus: 2, memoryMib: 2048, diskGib: 20 } });
-    const stateOf = async (id: string) => (await t.client.request(bc.InstanceDocument, { id })).instance?.state;
+    const stateOf = async (id: string) => (await t.client.request(InstanceDocument, { id })).instance?.state;
 
     // The host says it defined the instance: the pass that answers (starting) is taken before the report returns.
     const one = await create();
-    await node.request(bc.ReportStatusDocument, { report: { generation: await generation(), instances: [defined(one)], capacity } });
+    await node.request(ReportStatusDocument, { report: { generation: await generation(), instances: [defined(one)], capacity } });
     expect(await stateOf(one)).toBe("STARTING");
     expect(await queue.getJob(one)).toBeUndefined();
 
     // More news than the report's own passes take: each instance gets its job.
     const many: string[] = [];
     for (let i = 0; i <= INLINE_PASSES; i++) many.push(await create());
-    await node.request(bc.ReportStatusDocument, { report: { generation: await generation(), instances: [one, ...many].map(defined), capacity } });
+    await node.request(ReportStatusDocument, { report: { generation: await generation(), instances: [one, ...many].map(defined), capacity } });
     for (const id of many) expect(await queue.getJob(id)).toBeDefined();
   });
 

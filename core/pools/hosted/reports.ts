@@ -11,14 +11,15 @@ import type { Write } from "../../kernel/write.ts";
  * but the node's liveness (a heartbeat) writes no audit row: liveness is not a change anyone acted on.
  * A host that lacks its pool's runtime refuses the pool's spec: the node shows `refusing`, and nothing it
  * says of domains is taken as news of the pool's instances (reconcile.ts marks them). `passesHereUpTo`: the
- * caller reconciles the woken instances itself right after the commit when there are at most that many.
+ * caller reconciles the instances the report woke itself, right after the commit, when there are at most that
+ * many; `passesHere` names them (none when there are more: those get jobs).
  */
 export async function recordReport(
   w: Write,
   nodeId: string,
   report: StatusReport,
   opts: { passesHereUpTo?: number } = {},
-): Promise<{ generation: number; woken: string[] }> {
+): Promise<{ generation: number; passesHere: string[] }> {
   const { sql, now } = w;
   // Lock order, everywhere: instance rows before node rows (an instance change bumps its node's generation).
   // So the node row is read here without a lock and written last.
@@ -75,8 +76,8 @@ export async function recordReport(
   const changed = said?.changed ?? [];
   const vanished = said?.vanished ?? [];
   const readdressed = await recordAddresses(w, nodeId, seen, said?.addressed ?? []);
-  const orphans = { orphaned: said?.orphaned ?? 0, adopted: said?.adopted ?? 0 };
-  const { orphaned, adopted } = orphans;
+  const orphaned = said?.orphaned ?? 0;
+  const adopted = said?.adopted ?? 0;
   // An operator's cordon stands: only a ready node starts refusing, and only a refusing one is ready again.
   // The capacity the host reports, never below what is already allocated on it (placed instances keep their
   // claim), goes in the same statement; `resized` compares it with the row as it was.
@@ -101,8 +102,9 @@ export async function recordReport(
   // Instances whose passes the caller takes itself once this commits (as many as it said it would) get no job:
   // one would only queue on the row behind that pass and find nothing left. The sweep is the net if the
   // caller dies in between.
+  const passesHere = wake.length <= (opts.passesHereUpTo ?? 0) ? wake : [];
   for (const id of wake) {
-    if (wake.length <= (opts.passesHereUpTo ?? 0)) w.settle(id);
+    if (passesHere.length) w.settle(id);
     else w.wake(id);
   }
   if (changed.length || vanished.length || orphaned || adopted || capacityChanged || node.wasLost || flipped || readdressed) {
@@ -119,7 +121,7 @@ export async function recordReport(
       },
     });
   } else w.unchanged();
-  return { generation: updated?.generation ?? 0, woken: wake };
+  return { generation: updated?.generation ?? 0, passesHere };
 }
 
 const MAX_REPORTED_ADDRESSES = 16;
