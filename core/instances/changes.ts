@@ -43,6 +43,7 @@ const settable = {
   observed_state: "text",
   observed_error: "text",
   observed_generation: "int",
+  observed_at: "timestamptz",
   sandbox_id: "text",
   claimed_at: "timestamptz",
   owner_identity_id: "text",

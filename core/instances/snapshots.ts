@@ -126,6 +126,19 @@ export async function settleCommands(w: Write, inst: Instance, pending?: HostCom
   return null;
 }
 
+/**
+ * The host's answer to a pause or resume is also its word on the domain: paused (or running) as of the spec
+ * generation the command came with (args.generation), which the host's converger holds the instance at. Kept
+ * as the instance's observation, the status report that follows and says the same is no news: no write, no
+ * reconcile pass, nothing competing with the next request. A command without a generation (an older server
+ * sent it), or one older than what the host reported since, leaves the observation to the reports.
+ */
+function powerObservation(w: Write, inst: Instance, c: HostCommandRow, to: "running" | "paused") {
+  const generation = c.args.generation;
+  if (typeof generation !== "number" || generation < inst.observedGeneration) return {};
+  return { observed_state: to, observed_error: null, observed_generation: generation, observed_at: w.now };
+}
+
 /** What one settled command does to its instance (null: nothing, and the next command is looked at). */
 async function applyOutcome(w: Write, inst: Instance, c: HostCommandRow, expired: boolean): Promise<Instance | null> {
   // An exec changes nothing of the instance: its watchers have its output and its end.
@@ -137,7 +150,7 @@ async function applyOutcome(w: Write, inst: Instance, c: HostCommandRow, expired
     if (c.state !== "succeeded" || inst.state !== power.from || inst.desiredState !== power.to) return null;
     // Where its owner wants it: no reconcile pass is owed for this change.
     w.settle(inst.id);
-    return writeChange(w, inst, { state: power.to }, power.reason);
+    return writeChange(w, inst, { state: power.to, ...powerObservation(w, inst, c, power.to) }, power.reason);
   }
   const outcome: Outcome = expired ? { ok: false, error: `the host did not finish ${c.kind} before its deadline` } : outcomeOf(c);
   const snapshotId = String(c.args.snapshotId);

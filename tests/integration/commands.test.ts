@@ -115,6 +115,46 @@ describe("host commands", () => {
     await again.close();
   });
 
+  it("takes a host's answer to a pause or resume as its word on the domain, so a report that says the same is no news", async () => {
+    for (const { id } of (await op.request(bc.NodesDocument, { poolId: pool.id })).nodes) await op.request(bc.SetNodeStateDocument, { id, state: "CORDONED" });
+    const a = await host("power");
+    const t = await h.tenant();
+    const vm = await running(t, "power");
+    expect(vm.nodeId).toBe(a.nodeId);
+    const stream = await commands(a.credential);
+    const row = async () =>
+      (
+        await h.platform.read((sql) =>
+          sql.query<{ state: string; version: number; observedState: string | null; observedGeneration: number; observedAt: Date | null }>(
+            `SELECT state, version, observed_state AS "observedState", observed_generation AS "observedGeneration", observed_at AS "observedAt"
+               FROM instances WHERE id = $1`,
+            [vm.id],
+          ),
+        )
+      )[0];
+    const pause = () => t.client.request(bc.PauseInstanceDocument, { id: vm.id });
+    const resume = () => t.client.request(bc.StartInstanceDocument, { id: vm.id });
+    for (const [ask, kind, state, observed] of [
+      [pause, "instance.pause", "paused", "PAUSED"],
+      [resume, "instance.resume", "running", "RUNNING"],
+    ] as const) {
+      await ask();
+      await until(`the ${kind} to reach the host`, () => stream.got.some((c) => c.kind === kind), 10_000);
+      const cmd = stream.got.find((c) => c.kind === kind) as (typeof stream.got)[number];
+      const generation = Number(cmd.args.generation);
+      expect(generation).toBeGreaterThan(0);
+      await a.client.request(bc.ReportCommandDocument, { report: { id: cmd.id, state: "succeeded", result: {} } });
+      const answered = await row();
+      expect(answered).toMatchObject({ state, observedState: state, observedGeneration: generation });
+      // The pass the host makes on the spec that asks for the same reports it: nothing is written for it.
+      const capacity = { vcpus: 8, memoryMib: 8192, diskGib: 100, gpus: [] };
+      await a.client.request(bc.ReportStatusDocument, { report: { generation, instances: [{ id: vm.id, state }], capacity } });
+      expect(await row()).toEqual(answered);
+      expect((await t.client.request(bc.InstanceDocument, { id: vm.id })).instance?.state).toBe(observed);
+    }
+    await stream.close();
+  });
+
   it("gives up a command its host does not finish by the deadline, and the snapshot fails with why", async () => {
     // The other hosts take nothing new: the instance lands on this one, which never answers.
     for (const { id } of (await op.request(bc.NodesDocument, { poolId: pool.id })).nodes) await op.request(bc.SetNodeStateDocument, { id, state: "CORDONED" });
