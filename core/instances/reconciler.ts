@@ -1,11 +1,9 @@
-import { isAppError } from "../../contracts/errors.ts";
 import type { Write } from "../kernel/write.ts";
 import type { DriverDeps, Pool } from "../pools/driver.ts";
 import { type HostCommandRow, unsettledCommands } from "../pools/hosted/commands.ts";
-import { getPool } from "../pools/pools.ts";
+import { POOL_COLUMNS } from "../pools/pools.ts";
 import { driverFor } from "../pools/registry.ts";
-import { lockInstance } from "./changes.ts";
-import type { Instance } from "./model.ts";
+import { INSTANCE_COLUMNS, type Instance } from "./model.ts";
 import { settleCommands } from "./snapshots.ts";
 
 /**
@@ -25,16 +23,19 @@ interface Held {
   pending: HostCommandRow[];
 }
 
+/**
+ * The instance, locked, with its pool in the same statement (a pool's columns never change under an instance,
+ * so the statement's snapshot of it is as good as any), then its unsettled commands.
+ */
 async function lockForPass(w: Write, instanceId: string): Promise<Held | null> {
-  let inst: Instance;
-  try {
-    inst = await lockInstance(w, null, instanceId);
-  } catch (e) {
-    if (isAppError(e, "NOT_FOUND")) return null;
-    throw e;
-  }
-  const pool = await getPool(w.sql, inst.poolId);
-  return pool ? { inst, pool, pending: await unsettledCommands(w, inst.id) } : null;
+  const [row] = await w.sql.query<Instance & { pool: (Omit<Pool, "createdAt"> & { createdAt: string }) | null }>(
+    `SELECT ${INSTANCE_COLUMNS}, (SELECT row_to_json(p) FROM (SELECT ${POOL_COLUMNS} FROM pools WHERE pools.id = instances.pool_id) p) AS pool
+       FROM instances WHERE id = $1 FOR UPDATE`,
+    [instanceId],
+  );
+  if (!row?.pool) return null;
+  const { pool, ...inst } = row;
+  return { inst, pool: { ...pool, createdAt: new Date(pool.createdAt) }, pending: await unsettledCommands(w, inst.id) };
 }
 
 async function step(w: Write, deps: DriverDeps, { inst, pool, pending }: Held): Promise<Instance | null> {
