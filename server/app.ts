@@ -236,7 +236,7 @@ export async function startServer(platform: Platform, opts: { port?: number; hos
           principal: conn?.principal ?? null,
           requestId,
           log: slog.log.child({ operationId: id, requestId }),
-          ...(conn ? { live: { hub, conn } } : {}),
+          ...(conn ? { live: { hub, conn, operationId: id } } : {}),
         };
         const args = {
           schema: s,

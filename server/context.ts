@@ -3,6 +3,7 @@ import type { Principal } from "../core/auth/principal.ts";
 import type { Write } from "../core/kernel/write.ts";
 import type { Logger } from "../infra/log.ts";
 import type { Platform } from "../infra/platform.ts";
+import type { Frames } from "./live/execute.ts";
 import type { LiveConnection, LiveHub } from "./live/hub.ts";
 
 export interface Context {
@@ -11,8 +12,11 @@ export interface Context {
   requestId: string;
   /** The request's logger: every line carries its request id (and on a websocket, the connection and operation ids). */
   log: Logger;
-  /** Set for operations on a websocket: the server's live hub and this connection. */
-  live?: { hub: LiveHub; conn: LiveConnection };
+  /**
+   * Set for operations on a websocket: the server's live hub, this connection, the operation's graphql-ws id and,
+   * for a subscription, how its events become frames written straight to the socket (server/live/execute.ts).
+   */
+  live?: { hub: LiveHub; conn: LiveConnection; operationId?: string; frames?: Frames };
 }
 
 /**

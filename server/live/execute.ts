@@ -9,10 +9,22 @@ import { createSourceEventStream, type DocumentNode, type ExecutionArgs, type Ex
 
 type Mask = (r: ExecutionResult) => ExecutionResult;
 
+/**
+ * A subscription's live events as graphql-ws `next` frames, for the hub to write straight to the socket
+ * (hub.ts, EventStream): the frame for one event, a promise of it where a resolver is asynchronous, or null once
+ * the subscription is over. Its payload is serialised once per event and distinct request, like its result, so
+ * a thousand watchers of one pool cost one execution and one JSON text per event, and each of them a few bytes
+ * of frame around it and a socket write — not graphql-ws's per-message work and a promise per delivery, which
+ * were most of a fan-out's time besides the writes themselves.
+ */
+export type Frames = (event: object) => string | Promise<string> | null;
+
 const docIds = new WeakMap<DocumentNode, number>();
 let nextDocId = 0;
 /** Results per event object: the feed hands one object to all its sinks, so they meet here. */
 const shared = new WeakMap<object, Map<string, Promise<ExecutionResult>>>();
+/** The same, serialised: the `payload` of a next frame, per event object and request key. */
+const payloads = new WeakMap<object, Map<string, string | Promise<string>>>();
 
 /** How many subscription sources are open: each is released when its stream ends, however it ends. */
 export interface OpenSources {
@@ -25,6 +37,23 @@ export async function subscribeShared(
   mask: Mask,
   open: OpenSources,
 ): Promise<AsyncIterableIterator<ExecutionResult> | ExecutionResult> {
+  let doc = docIds.get(args.document);
+  if (doc === undefined) {
+    doc = nextDocId++;
+    docIds.set(args.document, doc);
+  }
+  const key = `${doc}\u0000${args.operationName ?? ""}\u0000${JSON.stringify(args.variableValues ?? {})}\u0000${identity}`;
+  // Set before the source exists: the subscription's field hands it to the hub when it starts its stream.
+  const live = (args.contextValue as { live?: { operationId?: string; frames?: Frames } } | undefined)?.live;
+  let over = false;
+  if (live?.operationId !== undefined) {
+    const head = `{"id":${JSON.stringify(live.operationId)},"type":"next","payload":`;
+    live.frames = (event) => {
+      if (over) return null;
+      const payload = payloadOf(event, key, args, mask);
+      return typeof payload === "string" ? `${head}${payload}}` : payload.then((p) => `${head}${p}}`);
+    };
+  }
   const source = await createSourceEventStream(args);
   if (!(Symbol.asyncIterator in source)) return mask(source as ExecutionResult);
   open.count++;
@@ -34,12 +63,6 @@ export async function subscribeShared(
     released = true;
     open.count--;
   };
-  let doc = docIds.get(args.document);
-  if (doc === undefined) {
-    doc = nextDocId++;
-    docIds.set(args.document, doc);
-  }
-  const key = `${doc}\u0000${args.operationName ?? ""}\u0000${JSON.stringify(args.variableValues ?? {})}\u0000${identity}`;
   const events = source as AsyncIterableIterator<unknown>;
   const resolve = (event: unknown): Promise<ExecutionResult> => {
     if (typeof event !== "object" || event === null) return Promise.resolve(mask(execute({ ...args, rootValue: event }) as ExecutionResult));
@@ -56,6 +79,8 @@ export async function subscribeShared(
     return result;
   };
   const finish = () => {
+    // No frame after this: graphql-ws has forgotten the id (the client completed it, or it ended).
+    over = true;
     const done = events.return?.();
     if (done) done.then(release, release);
     else release();
@@ -63,7 +88,10 @@ export async function subscribeShared(
   const results: AsyncIterableIterator<ExecutionResult> = {
     async next() {
       const r = await events.next();
-      if (r.done) release();
+      if (r.done) {
+        over = true;
+        release();
+      }
       return r.done ? r : { done: false, value: await resolve(r.value) };
     },
     // Not awaited: an async generator queues `return` behind a pending `next`, which for a quiet subscription
@@ -82,4 +110,20 @@ export async function subscribeShared(
     },
   };
   return results;
+}
+
+/** The serialised result of one event for one request key (see Frames), computed once. */
+function payloadOf(event: object, key: string, args: ExecutionArgs, mask: Mask): string | Promise<string> {
+  let byKey = payloads.get(event);
+  if (!byKey) {
+    byKey = new Map();
+    payloads.set(event, byKey);
+  }
+  let payload = byKey.get(key);
+  if (payload === undefined) {
+    const result = execute({ ...args, rootValue: event });
+    payload = result instanceof Promise ? result.then((r) => JSON.stringify(mask(r))) : JSON.stringify(mask(result));
+    byKey.set(key, payload);
+  }
+  return payload;
 }

@@ -2,6 +2,7 @@ import type { Principal } from "../../core/auth/principal.ts";
 import { eventsHorizon } from "../../core/books/retention.ts";
 import { type EventFilter, headPosition, readEvents, type WatchedEvent } from "../../core/instances/events.ts";
 import type { Platform } from "../../infra/platform.ts";
+import type { Frames } from "./execute.ts";
 import { EventFeed, type Sink } from "./feed.ts";
 
 /**
@@ -15,14 +16,22 @@ export const CloseCode = {
   slowConsumer: 4008,
   /** The credential expired or was revoked: retrying with it cannot succeed. */
   unauthorized: 4401,
+  /** The server failed to turn an event into a message (a bug): reconnect and resume. */
+  internalError: 1011,
   /** The server could not check the credential (its database is unreachable): retry later. */
   tryAgainLater: 1013,
 } as const;
 
-/** The one thing the hub needs of a websocket. */
+/** What the hub needs of a websocket (the `ws` library's). */
 export interface Socket {
   close(code: number, reason: string): void;
+  /** `done` is called once the frame is handed to the kernel (or failed to be). */
+  send(frame: string, done: (err?: Error) => void): void;
+  readonly readyState: number;
 }
+
+/** WebSocket readyState OPEN. */
+const OPEN = 1;
 
 /** Catch-up pages while a subscriber replays from its cursor: paced by the subscriber, so never counted as backlog. */
 const PAGE = 500;
@@ -82,13 +91,22 @@ export class LiveConnection {
   }
 }
 
-/** A subscription's live tail: a queue the feed pushes into and graphql-ws pulls from as fast as the socket drains. */
+/**
+ * A subscription's live tail: a queue the feed pushes into and graphql-ws pulls from as fast as the socket
+ * drains — or, where the subscription's events become frames as they are (`frames`, server/live/execute.ts),
+ * each event written to the socket the moment the feed hands it over, in order. Either way an event counts as
+ * its connection's backlog until the kernel has it, and too long a backlog ends the connection.
+ */
 class EventStream implements Sink, AsyncIterableIterator<WatchedEvent> {
   private queue: WatchedEvent[] = [];
   private wake: (() => void) | null = null;
   private done = false;
   /** Events at or below this were delivered already (or precede the cursor): never again. */
   floor = 0n;
+  /** Set for the live tail of a subscription whose events are written straight to the socket. */
+  frames: Frames | null = null;
+  /** A frame whose payload is still being resolved: frames after it wait their turn behind it. */
+  private pending: Promise<void> | null = null;
 
   constructor(
     readonly filter: EventFilter,
@@ -98,6 +116,10 @@ class EventStream implements Sink, AsyncIterableIterator<WatchedEvent> {
 
   push(e: WatchedEvent): void {
     if (this.done || e.position <= this.floor) return;
+    if (this.frames) {
+      this.write(this.frames(e));
+      return;
+    }
     this.queue.push(e);
     this.conn.queued++;
     if (this.conn.queued > this.limit) {
@@ -105,6 +127,34 @@ class EventStream implements Sink, AsyncIterableIterator<WatchedEvent> {
       return;
     }
     this.wake?.();
+  }
+
+  private write(frame: string | Promise<string> | null): void {
+    if (frame === null) return;
+    if (typeof frame === "string" && !this.pending) {
+      this.send(frame);
+      return;
+    }
+    const next = (this.pending ?? Promise.resolve())
+      .then(async () => {
+        const text = await frame;
+        if (text !== null && !this.done) this.send(text);
+      })
+      .catch(() => this.conn.end(CloseCode.internalError, "an event could not be sent; reconnect and resume from your last cursor"));
+    this.pending = next;
+    void next.finally(() => {
+      if (this.pending === next) this.pending = null;
+    });
+  }
+
+  private send(frame: string): void {
+    const { conn } = this;
+    if (conn.ended || conn.socket.readyState !== OPEN) return;
+    if (++conn.queued > this.limit) {
+      conn.end(CloseCode.slowConsumer, `slow consumer: over ${this.limit} events behind; reconnect and resume from your last cursor`);
+      return;
+    }
+    conn.socket.send(frame, () => conn.queued--);
   }
 
   end(): void {
@@ -194,9 +244,10 @@ export class LiveHub {
   /**
    * A subscription: the events after `after` from the table (paged, at the subscriber's pace), then the live
    * tail. The switch happens when the replay reaches the feed's head, synchronously, so no event is missed or
-   * repeated between the two. Without a cursor it starts at the head: changes from now on.
+   * repeated between the two. Without a cursor it starts at the head: changes from now on. With `frames`, the
+   * live tail is written to the socket as it comes and this generator yields only the replay.
    */
-  async *watch(conn: LiveConnection, filter: EventFilter, after: bigint | null): AsyncGenerator<WatchedEvent> {
+  async *watch(conn: LiveConnection, filter: EventFilter, after: bigint | null, frames?: Frames): AsyncGenerator<WatchedEvent> {
     const stream = new EventStream(filter, conn, this.platform.config.live.bufferEvents);
     conn.streams.add(stream);
     try {
@@ -222,6 +273,9 @@ export class LiveHub {
       // A cursor can be ahead of this server's feed (it came from a replica that read further): the feed
       // then hands over events the client has seen, which the floor drops.
       stream.floor = last;
+      // The replay went through graphql-ws, which wrote each event before asking for the next: from here the
+      // live tail can be written straight to the socket behind it.
+      if (frames) stream.frames = frames;
       this.feed.attach(stream);
       yield* stream;
     } finally {

@@ -35,9 +35,10 @@ const InstanceEvent = builder.objectRef<WatchedEvent>("InstanceEvent").implement
 
 /**
  * The event feed for a filter, from a cursor (refused when the cursor is ahead of every event, or older than the
- * history retention keeps). Shared with sandboxEvents.
+ * history retention keeps). Shared with sandboxEvents. `asIs`: the subscription's field resolves each event as
+ * it is (no stream of its own in between), so its live tail can go to the socket as frames (live/execute.ts).
  */
-export async function watch(ctx: Context, filter: EventFilter, after: string | null | undefined) {
+export async function watch(ctx: Context, filter: EventFilter, after: string | null | undefined, opts: { asIs?: boolean } = {}) {
   if (!ctx.live) throw new AppError("UNSUPPORTED", "subscriptions run over the websocket (graphql-ws) on the same URL");
   const from = after ? parseCursor(after) : null;
   // A cursor no event has reached (the database was restored from a backup, or the cursor is made up) would
@@ -56,7 +57,7 @@ export async function watch(ctx: Context, filter: EventFilter, after: string | n
       { cursor: "expired" },
     );
   }
-  return ctx.live.hub.watch(ctx.live.conn, filter, from);
+  return ctx.live.hub.watch(ctx.live.conn, filter, from, opts.asIs ? ctx.live.frames : undefined);
 }
 
 builder.queryFields((t) => ({
@@ -81,7 +82,7 @@ builder.subscriptionFields((t) => ({
         poolId: args.poolId ? String(args.poolId) : null,
         projectId: args.projectId ? String(args.projectId) : null,
       });
-      return watch(ctx, filter, args.after);
+      return watch(ctx, filter, args.after, { asIs: true });
     },
     resolve: (e) => e,
   }),
@@ -91,7 +92,7 @@ builder.subscriptionFields((t) => ({
     args: { id: t.arg.id({ required: true }), after: t.arg.string() },
     subscribe: async (_r, args, ctx) => {
       const filter = await ctx.platform.read((sql) => instanceFilter(sql, ctx.principal, String(args.id)));
-      return watch(ctx, filter, args.after);
+      return watch(ctx, filter, args.after, { asIs: true });
     },
     resolve: (e) => e,
   }),

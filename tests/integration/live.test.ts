@@ -163,7 +163,7 @@ describe("live connections", () => {
     const closed: Record<string, number[]> = { live: [], dead: [] };
     try {
       for (const bearer of ["live", "dead"])
-        for (let i = 0; i < 50; i++) hub.connect({ close: (code) => closed[bearer]?.push(code) }, principal(bearer), bearer);
+        for (let i = 0; i < 50; i++) hub.connect({ close: (code) => closed[bearer]?.push(code), send: () => {}, readyState: 1 }, principal(bearer), bearer);
       // One pass (LIVE_REAUTH_MS is 500 here) ends every connection on the dead credential...
       await expect.poll(() => closed.dead, { timeout: 5000, interval: 20 }).toEqual(Array(50).fill(4401));
       expect(closed.live).toEqual([]);
