@@ -84,6 +84,32 @@ describe.each([
     await w.dispose();
   });
 
+  it("writes a subscription's live events as graphql-ws frames until the client completes it, and only then", async () => {
+    const { t, inst } = await tenantWithInstance(h);
+    // A raw graphql-transport-ws connection: the test sees every frame the server writes, for whichever id.
+    const ws = new WebSocket(h.url.replace(/^http/, "ws"), "graphql-transport-ws");
+    const frames: { id?: string; type: string; payload?: { data?: { instanceChanged: Ev } } }[] = [];
+    ws.on("message", (m) => frames.push(JSON.parse(String(m))));
+    await new Promise((r) => ws.once("open", r));
+    ws.send(JSON.stringify({ type: "connection_init", payload: { authorization: `Bearer ${t.token}` } }));
+    await expect.poll(() => frames.map((f) => f.type), { timeout: 5000, interval: 20 }).toContain("connection_ack");
+    const subscribe = (id: string) => ws.send(JSON.stringify({ id, type: "subscribe", payload: { query: CHANGED, variables: { id: inst.id } } }));
+    const seen = (id: string) => frames.filter((f) => f.id === id && f.type === "next").map((f) => f.payload?.data?.instanceChanged.version);
+    subscribe("a");
+    await expect.poll(() => h.app.hub.subscriptions(), { timeout: 5000, interval: 20 }).toBeGreaterThan(0);
+    await flip(t.client, inst.id, 2);
+    await expect.poll(() => seen("a"), { timeout: 10_000, interval: 20 }).toEqual([C + 1, C + 2]);
+    ws.send(JSON.stringify({ id: "a", type: "complete" }));
+    subscribe("b");
+    await expect.poll(() => h.app.hub.subscriptions(), { timeout: 5000, interval: 20 }).toBe(1);
+    await flip(t.client, inst.id, 2, 2);
+    await expect.poll(() => seen("b"), { timeout: 10_000, interval: 20 }).toEqual([C + 3, C + 4]);
+    expect(seen("a")).toEqual([C + 1, C + 2]);
+    expect(frames.filter((f) => f.type === "error")).toEqual([]);
+    expect(ws.readyState).toBe(WebSocket.OPEN);
+    ws.close();
+  });
+
   it("resumes after a dropped connection with every missed event, none twice, in version order", async () => {
     const { t, inst } = await tenantWithInstance(h);
     const first = watcher<Ev>(h.url, t.token, CHANGED, { id: inst.id, after: "0" });
