@@ -149,6 +149,11 @@ export class CommandRunner {
     await Promise.race([Promise.allSettled([...this.power]), sleep(maxMs, undefined, { ref: false })]);
   }
 
+  /** Whether a command is running, or has a report not yet delivered. */
+  busy(): boolean {
+    return this.inflight.size > 0 || this.outbox.size > 0;
+  }
+
   /** Resolves once every command taken so far has run. */
   async settled(): Promise<void> {
     while (this.inflight.size > 0) await Promise.allSettled([...this.inflight.values()]);

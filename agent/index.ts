@@ -242,6 +242,13 @@ export async function startAgent(opts: AgentOptions) {
     nodeId: identity.nodeId,
     /** The generation of the last spec fully applied. */
     converged: () => converged,
+    /**
+     * Resolves once the agent has nothing under way: no pass or report being made or sent, no command running
+     * or with a report on its way. What arrives afterwards starts it again.
+     */
+    async idle() {
+      while (running || sending || commands.busy()) await Promise.allSettled([running, sending, commands.settled(), commands.reportsSent(REQUEST_TIMEOUT_MS)]);
+    },
     /** Settles, with the reason, if the agent gives up for good (its credential was refused). */
     ended,
     async close() {

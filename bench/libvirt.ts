@@ -110,8 +110,27 @@ async function platformHost(guest: Awaited<ReturnType<typeof buildGuest>>, bridg
     }
   })();
 
-  /** Act, then wait for the acted-on instance's event into `state` on the pool's live stream: the time it took. */
+  /**
+   * The platform at rest, as the bare side is between its calls (each awaited to the end, its clean-up too):
+   * the agent has nothing under way and the server holds its report of the node's latest spec. Without it, an
+   * operation is timed beside the tail of the one before (a deleted domain's clean-up and the report after it,
+   * the pass on the spec that follows a pause), which no bare call ever competes with.
+   */
+  async function atRest() {
+    for (const end = Date.now() + 60_000; ; ) {
+      await agent.idle();
+      const [node] = await api.platform.read((sql) =>
+        sql.query<{ caught: boolean }>(`SELECT reported_generation >= spec_generation AS caught FROM nodes WHERE id = $1`, [agent.nodeId]),
+      );
+      if (node?.caught) return;
+      if (Date.now() > end) throw new Error("the host did not catch up with its spec within 60 s");
+      await new Promise((r) => setTimeout(r, 5));
+    }
+  }
+
+  /** From rest, act, then wait for the acted-on instance's event into `state` on the pool's live stream: the time it took. */
   async function timed(state: string, act: () => Promise<string>): Promise<number> {
+    await atRest();
     const t0 = performance.now();
     calls.length = 0;
     const id = await act();

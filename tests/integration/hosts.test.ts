@@ -94,6 +94,38 @@ describe("instances converge on simulated hosts", () => {
     expect(await eventViolations(hosts.h)).toEqual([]);
   });
 
+  it("says when an agent is at rest: nothing under way, and the server has its report of the newest spec", async () => {
+    const t = await hosts.h.tenant();
+    const inst = await create(t);
+    const running = await waitForState(t.client, inst.id, "RUNNING");
+    const i = await hostOf(running?.nodeId ?? null);
+    const agent = hosts.agents[i];
+    await t.client.request(PauseInstanceDocument, { id: inst.id });
+    const generations = async () =>
+      (
+        await hosts.h.platform.read((sql) =>
+          sql.query<{ spec: number; reported: number }>(`SELECT spec_generation AS spec, reported_generation AS reported FROM nodes WHERE id = $1`, [
+            running?.nodeId,
+          ]),
+        )
+      )[0];
+    // The spec behind the pause may still be on its way to the agent when idle() is first asked: at rest is
+    // idle with the server holding a report of the node's newest generation.
+    let rest: { spec: number; reported: number } | undefined;
+    await until(
+      "the host to be at rest",
+      async () => {
+        await agent?.idle();
+        rest = await generations();
+        return rest !== undefined && rest.reported === rest.spec;
+      },
+      10_000,
+    );
+    expect(agent?.converged()).toBe(rest?.spec);
+    expect(JSON.parse(readFileSync(domainFile(i, inst.id), "utf8")).state).toBe("paused");
+    expect((await t.client.request(InstanceDocument, { id: inst.id })).instance?.state).toBe("PAUSED");
+  });
+
   it("creates stopped instances without booting them", async () => {
     const t = await hosts.h.tenant();
     const inst = await create(t, { desiredState: "STOPPED" });
