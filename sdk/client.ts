@@ -12,7 +12,7 @@ export interface ClientOptions {
   /** A bearer token: an API token, or the operator token. */
   token?: string;
   headers?: Record<string, string>;
-  /** Another fetch (a proxy agent, a recorder); the global one by default. */
+  /** Another fetch (a proxy agent, a recorder); by default node:http(s) under Node (sdk/node-post.ts), the global fetch elsewhere. */
   fetch?: typeof fetch;
   /** Give up on a request (it rejects) after this long without its whole answer; no limit by default. */
   timeoutMs?: number;
@@ -27,22 +27,36 @@ const source = (doc: DocumentNode) => {
   return s;
 };
 
+type Post = (url: string, headers: Record<string, string>, body: string, signal?: AbortSignal) => Promise<{ status: number; text: string }>;
+
+const viaFetch =
+  (f: typeof fetch): Post =>
+  async (url, headers, body, signal) => {
+    const res = await f(url, { method: "POST", headers, body, ...(signal ? { signal } : {}) });
+    return { status: res.status, text: await res.text() };
+  };
+
+const underNode = typeof process !== "undefined" && typeof process.versions?.node === "string";
+let nodePost: Promise<Post> | undefined;
+
 /** A typed client: every operation of sdk/operations is a document whose result and variables are typed. */
 export function createClient(opts: ClientOptions) {
+  const post = (): Promise<Post> | Post => {
+    if (opts.fetch || !underNode) return viaFetch(opts.fetch ?? fetch);
+    nodePost ??= import("./node-post.ts").then((m) => m.post);
+    return nodePost;
+  };
   return {
     async request<R, V extends Record<string, unknown>>(doc: TypedDocumentNode<R, V>, ...vars: V extends Record<string, never> ? [] | [V] : [V]): Promise<R> {
-      const res = await (opts.fetch ?? fetch)(opts.url, {
-        method: "POST",
-        headers: {
-          "content-type": "application/json",
-          accept: "application/graphql-response+json, application/json",
-          ...(opts.token ? { authorization: `Bearer ${opts.token}` } : {}),
-          ...opts.headers,
-        },
-        body: JSON.stringify({ query: source(doc), variables: vars[0] ?? {} }),
-        ...(opts.timeoutMs ? { signal: AbortSignal.timeout(opts.timeoutMs) } : {}),
-      });
-      const text = await res.text();
+      const headers = {
+        "content-type": "application/json",
+        accept: "application/graphql-response+json, application/json",
+        ...(opts.token ? { authorization: `Bearer ${opts.token}` } : {}),
+        ...opts.headers,
+      };
+      const payload = JSON.stringify({ query: source(doc), variables: vars[0] ?? {} });
+      const res = await (await post())(opts.url, headers, payload, opts.timeoutMs ? AbortSignal.timeout(opts.timeoutMs) : undefined);
+      const text = res.text;
       let body: { data?: R | null; errors?: SdkError["errors"] };
       try {
         body = JSON.parse(text);

@@ -7,4 +7,6 @@ export default defineConfig({
   base: "/",
   logLevel: "warn",
   build: { outDir: "dist", emptyOutDir: true, target: "es2022", chunkSizeWarningLimit: 400 },
+  // The SDK's Node transport (node:http) is never loaded in a browser, where it uses fetch: a stub keeps it out.
+  resolve: { alias: [{ find: /^\.\/node-post\.ts$/, replacement: fileURLToPath(new URL("src/node-post-stub.ts", import.meta.url)) }] },
 });
