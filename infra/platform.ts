@@ -2,11 +2,13 @@ import type { Registry } from "prom-client";
 import { ensureOperatorIdentity, newOperatorToken } from "../core/auth/tokens.ts";
 import { type ImageResolver, tableImages } from "../core/catalog/images.ts";
 import type { AdmissionDeps } from "../core/instances/admission.ts";
+import type { WatchedEvent } from "../core/instances/events.ts";
+import type { Instance } from "../core/instances/model.ts";
 import { type Clock, systemClock } from "../core/kernel/clock.ts";
 import type { Sql } from "../core/kernel/db.ts";
 import { type IdSource, randomIds } from "../core/kernel/ids.ts";
 import { newSealKey, type Sealer, sealer } from "../core/kernel/seal.ts";
-import { finishWrite, positionEvents, Write, type WriteOptions } from "../core/kernel/write.ts";
+import { type EventDetail, finishWrite, positionEvents, Write, type WriteOptions } from "../core/kernel/write.ts";
 import type { DriverDeps, SyncIo } from "../core/pools/driver.ts";
 import { type Bus, openBus } from "./bus.ts";
 import type { Config } from "./config.ts";
@@ -53,6 +55,11 @@ export interface Platform {
   api(caller: string): Platform;
   /** `bc dev`: the one-process development platform (anonymous callers may introspect the schema). */
   dev: boolean;
+  /**
+   * This process's live feeds (server/live/feed.ts): each is handed the events of every write committed here,
+   * positioned and whole, before their bus messages go out, so it need not read back what it was just told.
+   */
+  readonly localEvents: Set<(events: WatchedEvent[]) => void>;
   /** What this process's writes have done, counted for /metrics: committed writes and the events they published. */
   readonly counts: { writes: number; eventsPublished: number; retries: number };
   /** The process's metrics (infra/metrics.ts): the server's /metrics shows them, and the worker adds its jobs' timings. */
@@ -126,6 +133,10 @@ export async function openPlatform(config: Config, opts: PlatformOptions = {}): 
   async function apply(w: Write): Promise<void> {
     const enqueued: Promise<void>[] = [];
     try {
+      if (localEvents.size && w.events.length) {
+        const watched = watchedEvents(w);
+        if (watched) for (const feed of localEvents) feed(watched);
+      }
       for (const e of w.events) bus.publish("instanceEvents", e);
       counts.eventsPublished += w.events.length;
       for (const commandId of w.execOutputs) bus.publish("execOutput", { commandId }, commandId);
@@ -144,6 +155,7 @@ export async function openPlatform(config: Config, opts: PlatformOptions = {}): 
   }
 
   const sequence = eventSequencer(db);
+  const localEvents = new Set<(events: WatchedEvent[]) => void>();
 
   /** The write path on `on`: the database itself (host work) or an API caller's share of it. */
   const writeOn =
@@ -186,6 +198,7 @@ export async function openPlatform(config: Config, opts: PlatformOptions = {}): 
   const platform: Platform = {
     counts,
     metrics,
+    localEvents,
     config,
     db,
     bus,
@@ -229,4 +242,36 @@ export async function openPlatform(config: Config, opts: PlatformOptions = {}): 
     },
   };
   return platform;
+}
+
+/**
+ * A committed write's events as a live feed delivers them, each with its instance as the write left it (the
+ * last row it wrote for that instance, as a read right after the commit would find it); null when an event
+ * lacks what its row holds (its writer did not say), and the feed reads them from the table as usual.
+ */
+function watchedEvents(w: Write): WatchedEvent[] | null {
+  const latest = new Map<string, object>();
+  for (const e of w.events) {
+    const detail = w.eventDetails.get(e);
+    if (!detail || !/^\d{1,19}$/.test(e.cursor)) return null;
+    latest.set(e.instanceId, detail.instance);
+  }
+  return w.events.map((e) => {
+    const d = w.eventDetails.get(e) as EventDetail;
+    return {
+      position: BigInt(e.cursor),
+      instanceId: e.instanceId,
+      tenantId: e.tenantId,
+      poolId: e.poolId,
+      projectId: e.projectId,
+      fromState: e.fromState,
+      toState: e.toState,
+      desiredState: d.desiredState,
+      reason: d.reason,
+      actor: d.actor,
+      version: e.version,
+      at: d.at,
+      instance: latest.get(e.instanceId) as Instance,
+    };
+  });
 }

@@ -43,6 +43,11 @@ export function serverMetrics(platform: Platform, hub: LiveHub, liveOperations: 
   gauge("bc_live_subscriptions", "Active subscriptions on those connections.", () => hub.subscriptions());
   gauge("bc_live_operations", "Subscription sources open (shared sources count once).", liveOperations);
   mirror("bc_live_events_delivered_total", "Instance events handed to this server's subscribers.", () => hub.feed.delivered);
+  mirror(
+    "bc_live_events_read_total",
+    "Events this server's live feed read from the table to deliver them (its own writes' events need no read).",
+    () => hub.feed.readBack,
+  );
   new Counter({
     name: "bc_live_closed_total",
     help: "Connections this server closed, by close code.",

@@ -248,7 +248,13 @@ export async function admitInstance(w: Write, deps: AdmissionDeps, caller: Calle
   }
   const { eventIds, outcome: _, ...instance } = row as Instance & { eventIds: string[]; outcome: unknown; refused?: unknown };
   for (const [k, e] of events.entries())
-    w.event(eventMessage({ ...instance, state: e.to_state as Instance["state"], version: e.version }, e.from_state, eventIds[k] as string));
+    w.event(eventMessage({ ...instance, state: e.to_state as Instance["state"], version: e.version }, e.from_state, eventIds[k] as string), {
+      desiredState: instance.desiredState,
+      reason: e.reason,
+      actor: e.actor,
+      at: instance.createdAt,
+      instance: { ...instance },
+    });
   // The node's spec now holds the instance: its agent hears once this commits. Admission took every step that
   // needs no host, so a reconcile pass would find nothing to do before the host reports.
   if (placed.converged && instance.nodeId) {

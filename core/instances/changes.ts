@@ -99,7 +99,7 @@ export async function writeChange(w: Write, inst: Instance, set: InstanceSet, re
   );
   if (!row) throw notFound("instance", inst.id);
   const { eventId, ...instance } = row;
-  w.event(eventMessage(instance, inst.state, eventId));
+  w.event(eventMessage(instance, inst.state, eventId), { desiredState: instance.desiredState, reason, actor: w.actor, at: w.now, instance: { ...instance } });
   return instance;
 }
 

@@ -36,12 +36,26 @@ export interface AuditSubject {
 /** The audit row's columns, in the order both of its writers (finishWrite, auditInStatement) give values. */
 const AUDIT_COLUMNS = "actor_id, tenant_id, action, target_id, request_id, details, at";
 
+/**
+ * What an event's row holds beyond its bus message, and its instance as the write left it: enough for this
+ * process's own live feed to hand the event to its subscribers without reading it back (infra/platform.ts).
+ */
+export interface EventDetail {
+  desiredState: string;
+  reason: string;
+  actor: string;
+  at: Date;
+  instance: object;
+}
+
 export class ContendedWrite extends Error {
   readonly code = "40001";
 }
 
 export class Write {
   readonly events: InstanceEventMessage[] = [];
+  /** Per event, what it says beyond its message (not published: the bus carries hints, the table the rest). */
+  readonly eventDetails = new Map<InstanceEventMessage, EventDetail>();
   readonly wakes = new Set<string>();
   /** Node → the newest spec generation this write gave it. */
   readonly specs = new Map<string, number>();
@@ -83,8 +97,9 @@ export class Write {
   }
 
   /** An instance event this transaction inserted (changes.ts does this for every instance change). */
-  event(e: InstanceEventMessage): void {
+  event(e: InstanceEventMessage, detail?: EventDetail): void {
     this.events.push(e);
+    if (detail) this.eventDetails.set(e, detail);
     this.wakes.add(e.instanceId);
   }
 

@@ -35,6 +35,8 @@ export class EventFeed {
   /** The same sinks, filed by keyOf(filter). */
   private readonly filed = new Map<string, Set<Sink>>();
   delivered = 0;
+  /** Events read from the table to be delivered (metrics): the events of this process's own writes need no read. */
+  readBack = 0;
   private draining: Promise<void> | null = null;
   private again = false;
   private closed = false;
@@ -43,6 +45,8 @@ export class EventFeed {
   private listening: Promise<void> | undefined;
 
   private constructor(private readonly platform: Platform) {}
+
+  private readonly onLocal = (events: WatchedEvent[]) => this.local(events);
 
   static async start(platform: Platform): Promise<EventFeed> {
     const feed = new EventFeed(platform);
@@ -53,6 +57,7 @@ export class EventFeed {
       for await (const m of hints) feed.hint((m as { cursor?: unknown }).cursor);
     })().catch((e) => platform.log.warn("event feed lost its pub/sub subscription", { err: String(e) }));
     feed.head = await platform.read(headPosition);
+    platform.localEvents.add(feed.onLocal);
     feed.timer = setInterval(() => feed.poke(), platform.config.live.pollMs);
     feed.timer.unref();
     return feed;
@@ -64,12 +69,30 @@ export class EventFeed {
    * server without subscribers. Otherwise, read.
    */
   hint(cursor: unknown): void {
-    if (this.sinks.size === 0 && !this.draining && typeof cursor === "string" && /^\d{1,19}$/.test(cursor)) {
-      const at = BigInt(cursor);
-      if (at > this.head) this.head = at;
+    const at = typeof cursor === "string" && /^\d{1,19}$/.test(cursor) ? BigInt(cursor) : null;
+    // Handed over already (by this process's own write, below, or a read that went past it).
+    if (at !== null && at <= this.head) return;
+    if (this.sinks.size === 0 && !this.draining && at !== null) {
+      this.head = at;
       return;
     }
     this.poke();
+  }
+
+  /**
+   * The events of a write this process committed, positioned and whole (infra/platform.ts): when they are the
+   * very next ones after the head, with no read under way, they are handed over as they are — no read of what
+   * this process was just told. Otherwise (another process's events come between, a read is under way) their
+   * bus messages, which follow, make the feed read as usual.
+   */
+  local(events: readonly WatchedEvent[]): void {
+    if (this.closed || this.draining) return;
+    let next = this.head + 1n;
+    for (const e of events) if (e.position !== next++) return;
+    for (const e of events) {
+      this.head = e.position;
+      this.deliver(e);
+    }
   }
 
   /** Read what committed since the head, now or right after the read in progress. */
@@ -134,6 +157,7 @@ export class EventFeed {
             continue;
           }
           const batch = await this.platform.read((sql) => readEvents(sql, {}, from, null, BATCH));
+          this.readBack += batch.length;
           for (const e of batch) {
             this.head = e.position;
             this.deliver(e);
@@ -149,6 +173,7 @@ export class EventFeed {
 
   async close(): Promise<void> {
     this.closed = true;
+    this.platform.localEvents.delete(this.onLocal);
     clearInterval(this.timer);
     await this.hints?.return?.();
     await this.listening;

@@ -110,6 +110,34 @@ describe.each([
     ws.close();
   });
 
+  it("hands over the events of its own writes without reading them back, and reads what other processes wrote", async () => {
+    const { t, inst } = await tenantWithInstance(h);
+    const w = watcher<Ev>(h.url, t.token, CHANGED, { id: inst.id, after: "0" });
+    await expect.poll(() => versions(w.events), { timeout: 10_000, interval: 20 }).toEqual(range(1, C));
+    const { feed } = h.app.hub;
+    const read = feed.readBack;
+    // This server's own writes (the API's): delivered as they were written, whole.
+    await flip(t.client, inst.id, 3);
+    await expect.poll(() => versions(w.events), { timeout: 10_000, interval: 20 }).toEqual(range(1, C + 3));
+    expect(feed.readBack).toBe(read);
+    expect(w.events.at(-1)).toMatchObject({ reason: "requested:stopped", actor: t.identityId, desiredState: "STOPPED", instance: { id: inst.id } });
+    // As if another process wrote them: only their bus messages arrive, and the feed reads them from the table.
+    const listeners = [...h.platform.localEvents];
+    h.platform.localEvents.clear();
+    try {
+      await flip(t.client, inst.id, 2, 3);
+      await expect.poll(() => versions(w.events), { timeout: 10_000, interval: 20 }).toEqual(range(1, C + 5));
+      expect(feed.readBack).toBeGreaterThanOrEqual(read + 2);
+    } finally {
+      for (const l of listeners) h.platform.localEvents.add(l);
+    }
+    // And back: the next own write follows on from what was read, none missed or repeated.
+    await flip(t.client, inst.id, 2, 5);
+    await expect.poll(() => versions(w.events), { timeout: 10_000, interval: 20 }).toEqual(range(1, C + 7));
+    expect(w.errors).toEqual([]);
+    await w.dispose();
+  });
+
   it("resumes after a dropped connection with every missed event, none twice, in version order", async () => {
     const { t, inst } = await tenantWithInstance(h);
     const first = watcher<Ev>(h.url, t.token, CHANGED, { id: inst.id, after: "0" });
