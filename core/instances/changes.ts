@@ -2,7 +2,7 @@ import type { InstanceEventMessage } from "../../contracts/channels.ts";
 import { notFound } from "../../contracts/errors.ts";
 import { type Principal, visibleTo } from "../auth/principal.ts";
 import type { Write } from "../kernel/write.ts";
-import { bumpSpecs, sameSpecView } from "../pools/hosted/generations.ts";
+import { sameSpecView, specsBumpedSql } from "../pools/hosted/generations.ts";
 import { releaseQuota } from "../tenancy/quota.ts";
 import { INSTANCE_COLUMNS, type Instance } from "./model.ts";
 import { assertTransition, type DesiredState, type InstanceState } from "./state.ts";
@@ -77,28 +77,32 @@ export async function writeChange(w: Write, inst: Instance, set: InstanceSet, re
   // report) keeps the generation, so the report that caused it still counts and the next step follows
   // without another round trip through the agent. Anything else the host must see, and confirm, anew.
   const neutral = nextNode === inst.nodeId && !SPEC_FIELDS.some((f) => f in set) && sameSpecView(inst.state, inst.desiredState, to, nextDesired);
-  const specs = neutral ? [] : await bumpSpecs(w, [inst.nodeId, nextNode]);
-  const own = specs.find((g) => g.nodeId === nextNode);
-  if (own) set = { ...set, spec_generation: own.generation };
   // What the old host saw says nothing about the new one (and generations are per node).
   if (nextNode !== inst.nodeId) set = { ...set, observed_state: null, observed_error: null, observed_generation: -1 };
   const params: unknown[] = [inst.id, w.now, inst.state, reason, w.actor];
+  const add = (v: unknown) => `$${params.push(v)}`;
   const assignments = Object.entries(set).map(([col, value]) => {
     const type = settable[col as keyof typeof settable];
-    params.push(type === "jsonb" ? JSON.stringify(value) : value);
-    return `${col} = $${params.length}::${type}`;
+    return `${col} = ${add(type === "jsonb" ? JSON.stringify(value) : value)}::${type}`;
   });
-  const [row] = await w.sql.query<Instance & { eventId: string }>(
-    `WITH i AS (
+  // The generations move in the same statement (specsBumpedSql): the instance row is locked already, so the
+  // node rows are still taken after it, in the one lock order.
+  const nodes = neutral ? [] : [...new Set([inst.nodeId, nextNode].filter((n): n is string => !!n))].sort();
+  if (nodes.length) assignments.push(`spec_generation = COALESCE((SELECT generation FROM g WHERE "nodeId" = ${add(nextNode)}::text), spec_generation)`);
+  const [row] = await w.sql.query<Instance & { eventId: string; specs: { nodeId: string; generation: number }[] | null }>(
+    `WITH ${nodes.length ? `g AS (${specsBumpedSql(add(nodes))}),` : ""}
+     i AS (
        UPDATE instances SET ${[...assignments, "version = version + 1", "updated_at = $2"].join(", ")} WHERE id = $1 RETURNING *),
      e AS (
        INSERT INTO instance_events (instance_id, tenant_id, pool_id, project_id, from_state, to_state, desired_state, reason, actor, version, at)
        SELECT id, tenant_id, pool_id, project_id, $3, state, desired_state, $4, $5, version, $2 FROM i RETURNING id)
-     SELECT ${INSTANCE_COLUMNS}, (SELECT id::text FROM e) AS "eventId" FROM i`,
+     SELECT ${INSTANCE_COLUMNS}, (SELECT id::text FROM e) AS "eventId",
+            ${nodes.length ? `(SELECT json_agg(json_build_object('nodeId', "nodeId", 'generation', generation)) FROM g)` : "NULL"} AS specs FROM i`,
     params,
   );
   if (!row) throw notFound("instance", inst.id);
-  const { eventId, ...instance } = row;
+  const { eventId, specs, ...instance } = row;
+  for (const s of specs ?? []) w.spec(s.nodeId, s.generation);
   w.event(eventMessage(instance, inst.state, eventId), { desiredState: instance.desiredState, reason, actor: w.actor, at: w.now, instance: { ...instance } });
   return instance;
 }

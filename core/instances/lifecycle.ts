@@ -1,11 +1,11 @@
 import { AppError, invalid, notFound } from "../../contracts/errors.ts";
-import type { Principal } from "../auth/principal.ts";
+import { type Principal, visibleTo } from "../auth/principal.ts";
 import { flavorByName } from "../catalog/flavors.ts";
 import { chargeOf, gpuCount, type Shape, shape as shapeSchema } from "../catalog/shapes.ts";
 import { parseInput } from "../kernel/validation.ts";
 import type { Write } from "../kernel/write.ts";
 import { enqueueCommand, POWER_COMMAND_MS } from "../pools/hosted/commands.ts";
-import { requirePool } from "../pools/pools.ts";
+import { lockInstanceAndPool, requirePool } from "../pools/pools.ts";
 import { requireCapability } from "../pools/registry.ts";
 import { chargeQuota, releaseQuota } from "../tenancy/quota.ts";
 import { lockInstance, writeChange } from "./changes.ts";
@@ -34,7 +34,10 @@ function notSandboxed(inst: Instance): Instance {
  * in error: there, asking for it to run (or be paused) is a retry (error → starting), however often it fails.
  */
 export async function setDesiredState(w: Write, who: Principal, id: string, desired: DesiredState): Promise<Instance> {
-  const inst = notSandboxed(await lockInstance(w, who, id));
+  const held = await lockInstanceAndPool(w, id);
+  if (!held || !visibleTo(who, held.inst.tenantId)) throw notFound("instance", id);
+  const { inst, pool } = held;
+  notSandboxed(inst);
   const retry = inst.state === "error" && (desired === "running" || desired === "paused") && inst.desiredState !== "deleted";
   if (inst.desiredState === desired && !(retry && !inst.retryRequested)) {
     w.unchanged();
@@ -42,7 +45,7 @@ export async function setDesiredState(w: Write, who: Principal, id: string, desi
   }
   if (inst.desiredState === "deleted") throw new AppError("PRECONDITION_FAILED", `instance ${id} is being deleted`, { state: inst.state });
   // Pausing keeps the guest's memory on a host of ours; not every pool class has such a verb.
-  if (desired === "paused") requireCapability(await requirePool(w.sql, inst.poolId), "pause", "pausing an instance");
+  if (desired === "paused") requireCapability(pool, "pause", "pausing an instance");
   w.audit({ targetId: inst.id, tenantId: inst.tenantId, details: retry ? { desired, retry: true } : { desired } });
   if (!retry) {
     const changed = await writeChange(w, inst, { desired_state: desired }, `requested:${desired}`);

@@ -1,9 +1,10 @@
 import type { Write } from "../kernel/write.ts";
 import type { DriverDeps, Pool } from "../pools/driver.ts";
 import { type HostCommandRow, unsettledCommands } from "../pools/hosted/commands.ts";
-import { POOL_COLUMNS } from "../pools/pools.ts";
+
+import { lockInstanceAndPool } from "../pools/pools.ts";
 import { driverFor } from "../pools/registry.ts";
-import { INSTANCE_COLUMNS, type Instance } from "./model.ts";
+import type { Instance } from "./model.ts";
 import { settleCommands } from "./snapshots.ts";
 
 /**
@@ -23,19 +24,10 @@ interface Held {
   pending: HostCommandRow[];
 }
 
-/**
- * The instance, locked, with its pool in the same statement (a pool's columns never change under an instance,
- * so the statement's snapshot of it is as good as any), then its unsettled commands.
- */
+/** The instance, locked, with its pool (one statement), then its unsettled commands. */
 async function lockForPass(w: Write, instanceId: string): Promise<Held | null> {
-  const [row] = await w.sql.query<Instance & { pool: (Omit<Pool, "createdAt"> & { createdAt: string }) | null }>(
-    `SELECT ${INSTANCE_COLUMNS}, (SELECT row_to_json(p) FROM (SELECT ${POOL_COLUMNS} FROM pools WHERE pools.id = instances.pool_id) p) AS pool
-       FROM instances WHERE id = $1 FOR UPDATE`,
-    [instanceId],
-  );
-  if (!row?.pool) return null;
-  const { pool, ...inst } = row;
-  return { inst, pool: { ...pool, createdAt: new Date(pool.createdAt) }, pending: await unsettledCommands(w, inst.id) };
+  const held = await lockInstanceAndPool(w, instanceId);
+  return held ? { ...held, pending: await unsettledCommands(w, held.inst.id) } : null;
 }
 
 async function step(w: Write, deps: DriverDeps, { inst, pool, pending }: Held): Promise<Instance | null> {

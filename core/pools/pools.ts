@@ -1,5 +1,6 @@
 import { z } from "zod";
 import { AppError, notFound } from "../../contracts/errors.ts";
+import { INSTANCE_COLUMNS, type Instance } from "../instances/model.ts";
 import { one, type Sql } from "../kernel/db.ts";
 import { parseInput, resourceName } from "../kernel/validation.ts";
 import type { Write } from "../kernel/write.ts";
@@ -47,6 +48,22 @@ export async function createPool(w: Write, raw: PoolInput, deps: Pick<DriverDeps
 
 export async function listPools(sql: Sql): Promise<Pool[]> {
   return sql.query<Pool>(`SELECT ${POOL_COLUMNS} FROM pools ORDER BY name`);
+}
+
+/**
+ * lockInstance with the instance's pool read in the same statement (a pool's columns never change under an
+ * instance, so the statement's snapshot of it is as good as any): one round trip where the caller needs both.
+ * Null when there is no such instance (or, which cannot happen while it exists, no pool).
+ */
+export async function lockInstanceAndPool(w: Write, id: string): Promise<{ inst: Instance; pool: Pool } | null> {
+  const [row] = await w.sql.query<Instance & { pool: (Omit<Pool, "createdAt"> & { createdAt: string }) | null }>(
+    `SELECT ${INSTANCE_COLUMNS}, (SELECT row_to_json(p) FROM (SELECT ${POOL_COLUMNS} FROM pools WHERE pools.id = instances.pool_id) p) AS pool
+       FROM instances WHERE id = $1 FOR UPDATE`,
+    [id],
+  );
+  if (!row?.pool) return null;
+  const { pool, ...inst } = row;
+  return { inst, pool: { ...pool, createdAt: new Date(pool.createdAt) } };
 }
 
 export async function getPool(sql: Sql, id: string): Promise<Pool | undefined> {

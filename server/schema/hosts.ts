@@ -170,8 +170,9 @@ async function* follow<T, C extends "nodeSpecs" | "hostCommands">(
         seen.wake = null;
         continue;
       }
+      // Without coalescing (commands) the read goes at once: it takes only what the messages carried.
       const since = Date.now() - lastReadAt;
-      await new Promise((r) => (since < coalesceMs ? setTimeout(r, coalesceMs - since) : setImmediate(r)));
+      if (coalesceMs > 0) await new Promise((r) => (since < coalesceMs ? setTimeout(r, coalesceMs - since) : setImmediate(r)));
       seen.dirty = false;
       lastReadAt = Date.now();
       yield await read();

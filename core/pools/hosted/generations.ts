@@ -11,14 +11,15 @@ import type { Write } from "../../kernel/write.ts";
 /** States in which the host should hold the domain (with the power specPower gives). */
 export const HELD_STATES: readonly InstanceState[] = ["provisioning", "starting", "running", "stopped", "paused", "resizing", "rebooting", "error", "lost"];
 
+/** The statement that bumps the nodes' generations (`ids`: a text[] placeholder), returning "nodeId", generation. */
+export const specsBumpedSql = (ids: string) =>
+  `UPDATE nodes SET spec_generation = spec_generation + 1 WHERE id = ANY(${ids}::text[]) RETURNING id AS "nodeId", spec_generation AS generation`;
+
 /** Bump the generation of nodes whose desired set changed; the agents hear of it once the write commits. */
 export async function bumpSpecs(w: Write, nodeIds: readonly (string | null | undefined)[]): Promise<{ nodeId: string; generation: number }[]> {
   const unique = [...new Set(nodeIds.filter((n): n is string => !!n))].sort();
   if (!unique.length) return [];
-  const rows = await w.sql.query<{ nodeId: string; generation: number }>(
-    `UPDATE nodes SET spec_generation = spec_generation + 1 WHERE id = ANY($1::text[]) RETURNING id AS "nodeId", spec_generation AS generation`,
-    [unique],
-  );
+  const rows = await w.sql.query<{ nodeId: string; generation: number }>(specsBumpedSql("$1"), [unique]);
   for (const r of rows) w.spec(r.nodeId, r.generation);
   return rows;
 }
