@@ -86,12 +86,12 @@ async function nodeHead(sql: Sql, nodeId: string): Promise<{ generation: number;
   return { generation: node.generation, runtime: node.runtime ?? "libvirt-kvm" };
 }
 
+/** The domains a node should remove (`$1` the node): deleted instances not yet gone, orphans marked for removal. */
+const REMOVALS = `SELECT id FROM instances WHERE node_id = $1 AND desired_state = 'deleted' AND state <> 'deleted'
+     UNION SELECT domain_id FROM orphans WHERE node_id = $1 AND removal_at IS NOT NULL ORDER BY 1`;
+
 async function removals(sql: Sql, nodeId: string): Promise<string[]> {
-  const rows = await sql.query<{ id: string }>(
-    `SELECT id FROM instances WHERE node_id = $1 AND desired_state = 'deleted' AND state <> 'deleted'
-     UNION SELECT domain_id FROM orphans WHERE node_id = $1 AND removal_at IS NOT NULL ORDER BY 1`,
-    [nodeId],
-  );
+  const rows = await sql.query<{ id: string }>(REMOVALS, [nodeId]);
   return rows.map((r) => r.id);
 }
 
@@ -116,20 +116,26 @@ export async function buildNodeSpecChange(
   since: number,
   held: ReadonlySet<string>,
 ): Promise<NodeSpecChange> {
-  const head = await nodeHead(sql, nodeId);
-  const set = await sql.query<{ id: string; generation: number }>(`SELECT i.id, i.spec_generation AS generation FROM instances i WHERE ${IN_SET}`, [
-    nodeId,
-    HELD_STATES,
-  ]);
-  const changed = set.filter((r) => r.generation > since || !held.has(r.id)).map((r) => r.id);
-  const rows = changed.length ? await sql.query<SpecRow>(SPEC_ROWS(`${IN_SET} AND i.id = ANY($3::text[])`), [nodeId, HELD_STATES, changed]) : [];
-  const now = new Set(set.map((r) => r.id));
+  // One statement (a host waits on this after every change of its set): the node's head, the ids in its set
+  // and what to remove, with the spec rows of the changed instances beside them (none: one row of NULLs).
+  const rows = await sql.query<{ generation: number; runtime: string | null; held: string[]; remove: string[] } & (SpecRow | { [K in keyof SpecRow]: null })>(
+    `WITH a AS (
+       SELECT n.spec_generation AS generation, p.runtime, ARRAY(SELECT i.id FROM instances i WHERE ${IN_SET}) AS held,
+              ARRAY(${REMOVALS}) AS remove
+         FROM nodes n JOIN pools p ON p.id = n.pool_id WHERE n.id = $1)
+     SELECT a.*, r.* FROM a LEFT JOIN LATERAL (${SPEC_ROWS(`${IN_SET} AND (i.spec_generation > $3 OR NOT (i.id = ANY($4::text[])))`)}) r ON true`,
+    [nodeId, HELD_STATES, since, [...held]],
+  );
+  const [head] = rows;
+  if (!head) throw notFound("node", nodeId);
+  const now = new Set(head.held);
   return {
     nodeId,
-    ...head,
+    generation: head.generation,
+    runtime: head.runtime ?? "libvirt-kvm",
     since,
-    instances: rows.map(instanceSpecOf(sealer, hostNetwork)),
+    instances: rows.filter((r): r is typeof r & SpecRow => r.id !== null).map(instanceSpecOf(sealer, hostNetwork)),
     dropped: [...held].filter((id) => !now.has(id)).sort(),
-    remove: await removals(sql, nodeId),
+    remove: head.remove,
   };
 }
