@@ -23,56 +23,61 @@ export async function recordReport(
   const { sql, now } = w;
   // Lock order, everywhere: instance rows before node rows (an instance change bumps its node's generation).
   // So the node row is read here without a lock and written last.
-  const [node] = await sql.query<{ wasLost: boolean; state: string; runtime: string; hasGpus: boolean }>(
-    `SELECT n.lost_at IS NOT NULL AS "wasLost", n.state, COALESCE(p.runtime, 'libvirt-kvm') AS runtime,
-            EXISTS (SELECT 1 FROM node_gpus g WHERE g.node_id = n.id) AS "hasGpus"
-       FROM nodes n JOIN pools p ON p.id = n.pool_id WHERE n.id = $1 AND n.gone_at IS NULL`,
-    [nodeId],
-  );
-  if (!node) throw new AppError("UNAUTHENTICATED", `node ${nodeId} is gone`);
-  const refuses = report.runtimes !== undefined && !report.runtimes.includes(node.runtime);
-  const seen = refuses ? [] : report.instances.map((i) => ({ ...i, shape: i.shape ?? null }));
-  const ids = seen.map((i) => i.id);
-  // What the host says of its domains, in one statement: observations that say something new, domains gone
-  // (absent), orphans found and adopted, and the addresses of the instances it names (for recordAddresses).
-  // The two updates touch apart rows (named, not named). Domains no instance on this node owns are orphans; one
-  // that is owned again, or gone, is not. A refusing host's domains are another runtime's business: nothing is
-  // absent for it, and its orphans stay as they were.
+  const reported = report.instances.map((i) => ({ ...i, shape: i.shape ?? null }));
+  // What the host says of its domains, in one statement with the look at its node: observations that say
+  // something new, domains gone (absent), orphans found and adopted, and the addresses of the instances it names
+  // (for recordAddresses). The two updates touch apart rows (named, not named). Domains no instance on this node
+  // owns are orphans; one that is owned again, or gone, is not. A host that lacks its pool's runtime refuses the
+  // pool's spec: its domains are another runtime's business, so nothing it names is news, nothing is absent for
+  // it, and its orphans stay as they were. A node that is gone changes nothing.
   const [said] = await sql.query<{
+    node: { wasLost: boolean; state: string; runtime: string; hasGpus: boolean; refuses: boolean } | null;
     changed: string[];
     vanished: string[];
     orphaned: number;
     adopted: number;
     addressed: { id: string; addresses: string[] }[];
   }>(
-    `WITH changed AS (
+    `WITH node AS (
+       SELECT n.lost_at IS NOT NULL AS "wasLost", n.state, COALESCE(p.runtime, 'libvirt-kvm') AS runtime,
+              EXISTS (SELECT 1 FROM node_gpus g WHERE g.node_id = n.id) AS "hasGpus",
+              ($6::text[] IS NOT NULL AND NOT (COALESCE(p.runtime, 'libvirt-kvm') = ANY($6::text[]))) AS refuses
+         FROM nodes n JOIN pools p ON p.id = n.pool_id WHERE n.id = $1 AND n.gone_at IS NULL),
+     heard AS (SELECT 1 FROM node WHERE NOT refuses),
+     changed AS (
        UPDATE instances i SET observed_state = r.state, observed_error = r.error, observed_retryable = r.retryable,
               observed_shape = r.shape, observed_generation = $2, observed_at = $3
          FROM jsonb_to_recordset($4::jsonb) AS r(id text, state text, error text, retryable boolean, shape jsonb)
-        WHERE i.id = r.id AND i.node_id = $1 AND i.state <> 'deleted'
+        WHERE EXISTS (SELECT FROM heard) AND i.id = r.id AND i.node_id = $1 AND i.state <> 'deleted'
           AND (i.observed_state IS DISTINCT FROM r.state OR i.observed_error IS DISTINCT FROM r.error
                OR i.observed_shape IS DISTINCT FROM r.shape OR (i.observed_generation < i.spec_generation AND $2 >= i.spec_generation))
         RETURNING i.id),
      vanished AS (
        UPDATE instances SET observed_state = 'absent', observed_error = NULL, observed_generation = $2, observed_at = $3
-        WHERE NOT $6::boolean AND node_id = $1 AND state <> 'deleted' AND NOT (id = ANY($5::text[]))
+        WHERE EXISTS (SELECT FROM heard) AND node_id = $1 AND state <> 'deleted' AND NOT (id = ANY($5::text[]))
           AND (observed_state IS DISTINCT FROM 'absent' OR (observed_generation < spec_generation AND $2 >= spec_generation))
         RETURNING id),
      added AS (
        INSERT INTO orphans (node_id, domain_id, first_seen_at)
        SELECT $1, d, $3 FROM unnest($5::text[]) AS d
-        WHERE NOT $6::boolean AND NOT EXISTS (SELECT 1 FROM instances i WHERE i.id = d AND i.node_id = $1 AND i.state <> 'deleted')
+        WHERE EXISTS (SELECT FROM heard) AND NOT EXISTS (SELECT 1 FROM instances i WHERE i.id = d AND i.node_id = $1 AND i.state <> 'deleted')
        ON CONFLICT DO NOTHING RETURNING domain_id),
      removed AS (
-       DELETE FROM orphans o WHERE NOT $6::boolean AND o.node_id = $1
+       DELETE FROM orphans o WHERE EXISTS (SELECT FROM heard) AND o.node_id = $1
           AND (NOT (o.domain_id = ANY($5::text[])) OR EXISTS (SELECT 1 FROM instances i WHERE i.id = o.domain_id AND i.node_id = $1 AND i.state <> 'deleted'))
        RETURNING domain_id)
-     SELECT COALESCE((SELECT array_agg(id) FROM changed), '{}') AS changed, COALESCE((SELECT array_agg(id) FROM vanished), '{}') AS vanished,
+     SELECT (SELECT to_jsonb(node) FROM node) AS node,
+            COALESCE((SELECT array_agg(id) FROM changed), '{}') AS changed, COALESCE((SELECT array_agg(id) FROM vanished), '{}') AS vanished,
             (SELECT count(*)::int FROM added) AS orphaned, (SELECT count(*)::int FROM removed) AS adopted,
             COALESCE((SELECT jsonb_agg(jsonb_build_object('id', id, 'addresses', addresses)) FROM instances
-                       WHERE node_id = $1 AND id = ANY($5::text[]) AND state NOT IN ('deleting', 'deleted') AND cardinality(addresses) > 0), '[]') AS addressed`,
-    [nodeId, report.generation, now, JSON.stringify(seen), ids, refuses],
+                       WHERE EXISTS (SELECT FROM heard) AND node_id = $1 AND id = ANY($5::text[]) AND state NOT IN ('deleting', 'deleted')
+                         AND cardinality(addresses) > 0), '[]') AS addressed`,
+    [nodeId, report.generation, now, JSON.stringify(reported), reported.map((i) => i.id), report.runtimes ?? null],
   );
+  const node = said?.node;
+  if (!node) throw new AppError("UNAUTHENTICATED", `node ${nodeId} is gone`);
+  const refuses = node.refuses;
+  const seen = refuses ? [] : reported;
   const changed = said?.changed ?? [];
   const vanished = said?.vanished ?? [];
   const readdressed = await recordAddresses(w, nodeId, seen, said?.addressed ?? []);
