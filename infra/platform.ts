@@ -135,7 +135,14 @@ export async function openPlatform(config: Config, opts: PlatformOptions = {}): 
     try {
       if (localEvents.size && w.events.length) {
         const watched = watchedEvents(w);
-        if (watched) for (const feed of localEvents) feed(watched);
+        // A feed that fails here reads the events when their messages come: the messages must still go out.
+        if (watched)
+          for (const feed of localEvents)
+            try {
+              feed(watched);
+            } catch (err) {
+              log.warn("handing events to the live feed failed", { actor: w.actor, err: String(err) });
+            }
       }
       for (const e of w.events) bus.publish("instanceEvents", e);
       counts.eventsPublished += w.events.length;

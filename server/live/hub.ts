@@ -117,7 +117,15 @@ class EventStream implements Sink, AsyncIterableIterator<WatchedEvent> {
   push(e: WatchedEvent): void {
     if (this.done || e.position <= this.floor) return;
     if (this.frames) {
-      this.write(this.frames(e));
+      // Inside the feed's hand-over to every sink: a failure here is this connection's, not the other sinks'.
+      let frame: string | Promise<string> | null;
+      try {
+        frame = this.frames(e);
+      } catch {
+        this.conn.end(CloseCode.internalError, "an event could not be sent; reconnect and resume from your last cursor");
+        return;
+      }
+      this.write(frame);
       return;
     }
     this.queue.push(e);
