@@ -56,7 +56,8 @@ export async function setDesiredState(w: Write, who: Principal, id: string, desi
       desired === "paused" && inst.state === "running" ? "instance.pause" : desired === "running" && inst.state === "paused" ? "instance.resume" : null;
     if (power && inst.nodeId) {
       const args = { instanceId: inst.id, generation: changed.specGeneration };
-      await enqueueCommand(w, { nodeId: inst.nodeId, instanceId: inst.id, kind: power, args, timeoutMs: POWER_COMMAND_MS });
+      // Nothing here reads the command again: its row goes in with the audit row and the commit.
+      await enqueueCommand(w, { nodeId: inst.nodeId, instanceId: inst.id, kind: power, args, timeoutMs: POWER_COMMAND_MS }, { deferred: true });
       // Nothing for a reconcile pass to do until the host answers, and its answer wakes the instance.
       w.settle(inst.id);
     }

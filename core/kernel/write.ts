@@ -183,12 +183,24 @@ export class Write {
    */
   auditInStatement(subject: Omit<AuditSubject, "details">, add: (v: unknown) => string, details: string, from: string): string | null {
     if (!this.opts.action) return null;
+    // That statement commits the write: nothing deferred could follow it.
+    if (this.deferred.length) throw new Error("a write that commits in its own statement cannot defer statements");
     this.audit(subject);
     this.auditWritten = true;
     const action = this.opts.action as string;
     return `INSERT INTO audit_log (${AUDIT_COLUMNS})
        SELECT ${add(this.actor)}, ${add(subject.tenantId ?? null)}, ${add(action)}, ${add(subject.targetId)}, ${add(this.opts.requestId ?? null)}, ${details}, ${add(this.now)}::timestamptz
          FROM ${from}`;
+  }
+
+  /**
+   * Statements whose rows nothing later in this write reads, sent as part of its last statement (finishWrite):
+   * a round trip less for the caller waiting on the write. Each is given a way to bind its parameters.
+   */
+  readonly deferred: ((param: (v: unknown) => string) => string)[] = [];
+
+  defer(statement: (param: (v: unknown) => string) => string): void {
+    this.deferred.push(statement);
   }
 
   /** This mutation changed nothing (a replay, a repeated request): it writes no audit row. */
@@ -206,22 +218,22 @@ export class Write {
   }
 }
 
-/** The transaction's last statement: the mutation's audit row, if it owes one. */
+/** The transaction's last statement: the mutation's audit row, if it owes one, with what the write deferred. */
 export async function finishWrite(w: Write): Promise<void> {
   const row = w.auditRow();
-  if (!row) return;
+  if (!row && !w.deferred.length) return;
   // The write's last statement: where the database can, it goes with COMMIT in one message (a round trip less
-  // for every audited write, and its rows' locks given back that much sooner).
+  // for every audited write, and its rows' locks given back that much sooner). Deferred statements ride in it
+  // (PostgreSQL runs every data-modifying WITH part once, whether or not the statement reads it).
+  const params: unknown[] = [];
+  const add = (v: unknown) => `$${params.push(v)}`;
+  const parts = w.deferred.map((statement, k) => `d${k} AS (${statement(add)})`);
+  const audit = row
+    ? `INSERT INTO audit_log (${AUDIT_COLUMNS}) VALUES (${add(w.actor)}, ${add(row.tenantId ?? null)}, ${add(row.action)}, ${add(row.targetId)},
+         ${add(w.opts.requestId ?? null)}, ${add(JSON.stringify(row.details ?? {}))}::jsonb, ${add(w.now)})`
+    : "SELECT 1";
   const last = w.sql.commitWith?.bind(w.sql) ?? w.sql.query.bind(w.sql);
-  await last(`INSERT INTO audit_log (${AUDIT_COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6::jsonb, $7)`, [
-    w.actor,
-    row.tenantId ?? null,
-    row.action,
-    row.targetId,
-    w.opts.requestId ?? null,
-    JSON.stringify(row.details ?? {}),
-    w.now,
-  ]);
+  await last(parts.length ? `WITH ${parts.join(", ")} ${audit}` : audit, params);
 }
 
 /**

@@ -28,6 +28,34 @@ afterAll(async () => {
   await h?.close();
 });
 
+describe("deferred statements", () => {
+  it("go with the write's last statement, audited or not, and not at all when the write rolls back", async () => {
+    const rows = async (target: string) =>
+      (await h.platform.read((sql) => sql.query<{ action: string }>(`SELECT action FROM audit_log WHERE target_id = $1 ORDER BY action`, [target]))).map(
+        (r) => r.action,
+      );
+    const deferred = (target: string) => (p: (v: unknown) => string) =>
+      `INSERT INTO audit_log (actor_id, action, target_id, details, at) VALUES ('test', 'deferred', ${p(target)}::text, '{}'::jsonb, now())`;
+    const audited = `defer-a-${Date.now()}`;
+    await h.platform.write({ actor: "test", action: "testDefer" }, async (w) => {
+      w.defer(deferred(audited));
+      w.audit({ targetId: audited });
+    });
+    expect(await rows(audited)).toEqual(["deferred", "testDefer"]);
+    const plain = `defer-p-${Date.now()}`;
+    await h.platform.write({ actor: "test" }, async (w) => w.defer(deferred(plain)));
+    expect(await rows(plain)).toEqual(["deferred"]);
+    const undone = `defer-u-${Date.now()}`;
+    await expect(
+      h.platform.write({ actor: "test" }, async (w) => {
+        w.defer(deferred(undone));
+        throw new Error("changed its mind");
+      }),
+    ).rejects.toThrow("changed its mind");
+    expect(await rows(undone)).toEqual([]);
+  });
+});
+
 describe("after commit", () => {
   it("publishes each change over Redis and wakes the reconciler once per instance", async () => {
     // A second process's view: its own Redis connections on the same prefix.
@@ -157,9 +185,23 @@ describe("the bus on Redis", () => {
     const subs = [listen(a, heard.a), listen(b, heard.b)];
     try {
       // Subscribing is asynchronous: probes until each hears the other through Redis.
-      await expect.poll(() => (a.publish("execOutput", { commandId: "probe-a" }, "k"), heard.b.length), { timeout: 5000, interval: 50 }).toBeGreaterThan(0);
       await expect
-        .poll(() => (b.publish("execOutput", { commandId: "probe-b" }, "k"), heard.a.includes("probe-b")), { timeout: 5000, interval: 50 })
+        .poll(
+          () => {
+            a.publish("execOutput", { commandId: "probe-a" }, "k");
+            return heard.b.length;
+          },
+          { timeout: 5000, interval: 50 },
+        )
+        .toBeGreaterThan(0);
+      await expect
+        .poll(
+          () => {
+            b.publish("execOutput", { commandId: "probe-b" }, "k");
+            return heard.a.includes("probe-b");
+          },
+          { timeout: 5000, interval: 50 },
+        )
         .toBe(true);
       a.publish("execOutput", { commandId: "one" }, "k");
       await expect.poll(() => heard.b.includes("one"), { timeout: 5000, interval: 10 }).toBe(true);

@@ -46,13 +46,45 @@ export const POWER_COMMAND_MS = 60_000;
 export async function enqueueCommand(
   w: Write,
   c: { nodeId: string; instanceId: string; kind: HostCommandKind; args: Record<string, unknown>; timeoutMs: number },
+  opts: { deferred?: boolean } = {},
 ): Promise<HostCommandRow> {
+  if (opts.deferred) return deferCommand(w, c);
   const [row] = await w.sql.query<HostCommandRow>(
     `INSERT INTO host_commands (id, node_id, instance_id, kind, args, deadline, created_at) VALUES ($1, $2, $3, $4, $5::jsonb, $6, $7) RETURNING ${COLUMNS}`,
     [w.ids("cmd"), c.nodeId, c.instanceId, c.kind, JSON.stringify(c.args), new Date(w.now.getTime() + c.timeoutMs), w.now],
   );
   w.command(c.nodeId, asHostCommand(row as HostCommandRow));
   return row as HostCommandRow;
+}
+
+/**
+ * A command whose row nothing later in the write reads (a pause or resume request): made here, inserted with
+ * the write's last statement (Write.defer), announced once the write commits like any other.
+ */
+function deferCommand(w: Write, c: { nodeId: string; instanceId: string; kind: HostCommandKind; args: Record<string, unknown>; timeoutMs: number }) {
+  const row: HostCommandRow = {
+    id: w.ids("cmd"),
+    nodeId: c.nodeId,
+    instanceId: c.instanceId,
+    kind: c.kind,
+    args: c.args,
+    state: "pending",
+    deadline: new Date(w.now.getTime() + c.timeoutMs),
+    result: null,
+    error: null,
+    createdAt: w.now,
+    startedAt: null,
+    finishedAt: null,
+    settledAt: null,
+  };
+  w.defer(
+    (p) =>
+      `INSERT INTO host_commands (id, node_id, instance_id, kind, args, deadline, created_at)
+       VALUES (${p(row.id)}::text, ${p(row.nodeId)}::text, ${p(row.instanceId)}::text, ${p(row.kind)}::text, ${p(JSON.stringify(row.args))}::jsonb,
+               ${p(row.deadline)}::timestamptz, ${p(row.createdAt)}::timestamptz)`,
+  );
+  w.command(c.nodeId, asHostCommand(row));
+  return row;
 }
 
 /** What a node's agent should be working on: commands not finished and not past their deadline, oldest first. */
