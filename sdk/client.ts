@@ -27,7 +27,16 @@ const source = (doc: DocumentNode) => {
   return s;
 };
 
-type Post = (url: string, headers: Record<string, string>, body: string, signal?: AbortSignal) => Promise<{ status: number; text: string }>;
+type Post = (
+  url: string,
+  headers: Record<string, string>,
+  body: string,
+  signal?: AbortSignal,
+  opts?: { repeatable?: boolean },
+) => Promise<{ status: number; text: string }>;
+
+/** Whether sending the document twice is harmless (a query), so a connection lost before any answer may retry it. */
+const repeatable = (doc: DocumentNode) => doc.definitions.every((d) => d.kind !== "OperationDefinition" || d.operation === "query");
 
 const viaFetch =
   (f: typeof fetch): Post =>
@@ -55,7 +64,9 @@ export function createClient(opts: ClientOptions) {
         ...opts.headers,
       };
       const payload = JSON.stringify({ query: source(doc), variables: vars[0] ?? {} });
-      const res = await (await post())(opts.url, headers, payload, opts.timeoutMs ? AbortSignal.timeout(opts.timeoutMs) : undefined);
+      const res = await (await post())(opts.url, headers, payload, opts.timeoutMs ? AbortSignal.timeout(opts.timeoutMs) : undefined, {
+        repeatable: repeatable(doc),
+      });
       const text = res.text;
       let body: { data?: R | null; errors?: SdkError["errors"] };
       try {

@@ -8,15 +8,22 @@ import { Agent as HttpsAgent, request as httpsRequest } from "node:https";
  * Loaded only under Node (client.ts imports it dynamically), so the browser bundle never needs node:http.
  *
  * A kept-alive connection can be closed by the server just as it is reused (Node's servers drop one idle for
- * 5 s): idle ones are dropped here after 4 s, and a request whose reused connection resets before any answer,
- * which the server therefore never read, is sent once more on a fresh one (as Node's documentation advises).
+ * 5 s): idle ones are dropped here after 4 s. A query whose reused connection resets before any answer is sent
+ * once more on a fresh one, as Node's documentation advises; a mutation is not, since a server that read it
+ * and then died would run it twice.
  */
 const IDLE_MS = 4000;
 const agents = { http: new HttpAgent({ keepAlive: true, timeout: IDLE_MS }), https: new HttpsAgent({ keepAlive: true, timeout: IDLE_MS }) };
 
-export function post(url: string, headers: Record<string, string>, body: string, signal?: AbortSignal): Promise<{ status: number; text: string }> {
+export function post(
+  url: string,
+  headers: Record<string, string>,
+  body: string,
+  signal?: AbortSignal,
+  opts: { repeatable?: boolean } = {},
+): Promise<{ status: number; text: string }> {
   return once(url, headers, body, signal).catch((e: { code?: string; reused?: boolean }) => {
-    if (e.reused && e.code === "ECONNRESET" && !signal?.aborted) return once(url, headers, body, signal);
+    if (opts.repeatable && e.reused && e.code === "ECONNRESET" && !signal?.aborted) return once(url, headers, body, signal);
     throw e;
   });
 }
