@@ -8,7 +8,8 @@ import { instanceId } from "../kernel/ids.ts";
 import type { Sealer } from "../kernel/seal.ts";
 import { idempotencyKey, parseInput } from "../kernel/validation.ts";
 import type { Write } from "../kernel/write.ts";
-import type { DriverDeps, Pool } from "../pools/driver.ts";
+import type { DriverDeps } from "../pools/driver.ts";
+import { type PoolJson, poolFromJson } from "../pools/pools.ts";
 import { driverFor } from "../pools/registry.ts";
 import { chargeRows, chargeSql, ensureUsageRows, needsUsageRows, quotaRefusal } from "../tenancy/quota.ts";
 import { eventMessage } from "./changes.ts";
@@ -90,7 +91,7 @@ export async function admitInstance(w: Write, deps: AdmissionDeps, caller: Calle
   const [found] = await sql.query<{
     existing: boolean;
     sameRequest: boolean;
-    pool: (Omit<Pool, "createdAt"> & { createdAt: string }) | null;
+    pool: PoolJson | null;
     flavor: (Shape & { name: string }) | null;
     projectOk: boolean;
     image?: ResolvedImage | null;
@@ -113,7 +114,7 @@ export async function admitInstance(w: Write, deps: AdmissionDeps, caller: Calle
     return inst as Instance;
   }
   if (!found?.pool) throw notFound("pool", input.poolId);
-  const pool: Pool = { ...found.pool, createdAt: new Date(found.pool.createdAt) };
+  const pool = poolFromJson(found.pool);
   const driver = driverFor(pool.class);
   if (!found.projectOk) throw notFound("project", input.projectId as string);
   if (!found.flavor) throw notFound("flavor", `${input.flavor} in pool ${input.poolId}`);

@@ -2,7 +2,7 @@ import type { InstanceEventMessage } from "../../contracts/channels.ts";
 import { notFound } from "../../contracts/errors.ts";
 import { type Principal, visibleTo } from "../auth/principal.ts";
 import type { Write } from "../kernel/write.ts";
-import { sameSpecView, specsBumpedSql } from "../pools/hosted/generations.ts";
+import { sameSpecView, specNodes, specsBumpedSql } from "../pools/hosted/generations.ts";
 import { releaseQuota } from "../tenancy/quota.ts";
 import { INSTANCE_COLUMNS, type Instance } from "./model.ts";
 import { assertTransition, type DesiredState, type InstanceState } from "./state.ts";
@@ -87,7 +87,7 @@ export async function writeChange(w: Write, inst: Instance, set: InstanceSet, re
   });
   // The generations move in the same statement (specsBumpedSql): the instance row is locked already, so the
   // node rows are still taken after it, in the one lock order.
-  const nodes = neutral ? [] : [...new Set([inst.nodeId, nextNode].filter((n): n is string => !!n))].sort();
+  const nodes = neutral ? [] : specNodes([inst.nodeId, nextNode]);
   if (nodes.length) assignments.push(`spec_generation = COALESCE((SELECT generation FROM g WHERE "nodeId" = ${add(nextNode)}::text), spec_generation)`);
   const [row] = await w.sql.query<Instance & { eventId: string; specs: { nodeId: string; generation: number }[] | null }>(
     `WITH ${nodes.length ? `g AS (${specsBumpedSql(add(nodes))}),` : ""}

@@ -1,5 +1,5 @@
 import { AppError, invalid, notFound } from "../../contracts/errors.ts";
-import { type Principal, visibleTo } from "../auth/principal.ts";
+import type { Principal } from "../auth/principal.ts";
 import { flavorByName } from "../catalog/flavors.ts";
 import { chargeOf, gpuCount, type Shape, shape as shapeSchema } from "../catalog/shapes.ts";
 import { parseInput } from "../kernel/validation.ts";
@@ -34,8 +34,8 @@ function notSandboxed(inst: Instance): Instance {
  * in error: there, asking for it to run (or be paused) is a retry (error → starting), however often it fails.
  */
 export async function setDesiredState(w: Write, who: Principal, id: string, desired: DesiredState): Promise<Instance> {
-  const held = await lockInstanceAndPool(w, id);
-  if (!held || !visibleTo(who, held.inst.tenantId)) throw notFound("instance", id);
+  const held = await lockInstanceAndPool(w, who, id);
+  if (!held) throw notFound("instance", id);
   const { inst, pool } = held;
   notSandboxed(inst);
   const retry = inst.state === "error" && (desired === "running" || desired === "paused") && inst.desiredState !== "deleted";

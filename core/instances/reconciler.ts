@@ -1,7 +1,6 @@
 import type { Write } from "../kernel/write.ts";
 import type { DriverDeps, Pool } from "../pools/driver.ts";
 import { type HostCommandRow, unsettledCommands } from "../pools/hosted/commands.ts";
-
 import { lockInstanceAndPool } from "../pools/pools.ts";
 import { driverFor } from "../pools/registry.ts";
 import type { Instance } from "./model.ts";
@@ -26,7 +25,7 @@ interface Held {
 
 /** The instance, locked, with its pool (one statement), then its unsettled commands. */
 async function lockForPass(w: Write, instanceId: string): Promise<Held | null> {
-  const held = await lockInstanceAndPool(w, instanceId);
+  const held = await lockInstanceAndPool(w, null, instanceId);
   return held ? { ...held, pending: await unsettledCommands(w, held.inst.id) } : null;
 }
 

@@ -1,5 +1,6 @@
 import { z } from "zod";
 import { AppError, notFound } from "../../contracts/errors.ts";
+import { type Principal, visibleTo } from "../auth/principal.ts";
 import { INSTANCE_COLUMNS, type Instance } from "../instances/model.ts";
 import { one, type Sql } from "../kernel/db.ts";
 import { parseInput, resourceName } from "../kernel/validation.ts";
@@ -50,20 +51,24 @@ export async function listPools(sql: Sql): Promise<Pool[]> {
   return sql.query<Pool>(`SELECT ${POOL_COLUMNS} FROM pools ORDER BY name`);
 }
 
+/** A pool as a statement returns it in JSON (its timestamp as text). */
+export type PoolJson = Omit<Pool, "createdAt"> & { createdAt: string };
+export const poolFromJson = (p: PoolJson): Pool => ({ ...p, createdAt: new Date(p.createdAt) });
+
 /**
  * lockInstance with the instance's pool read in the same statement (a pool's columns never change under an
  * instance, so the statement's snapshot of it is as good as any): one round trip where the caller needs both.
- * Null when there is no such instance (or, which cannot happen while it exists, no pool).
+ * Null when there is no such instance, or `who` may not see it (or, which cannot happen while it exists, no pool).
  */
-export async function lockInstanceAndPool(w: Write, id: string): Promise<{ inst: Instance; pool: Pool } | null> {
-  const [row] = await w.sql.query<Instance & { pool: (Omit<Pool, "createdAt"> & { createdAt: string }) | null }>(
+export async function lockInstanceAndPool(w: Write, who: Principal | null, id: string): Promise<{ inst: Instance; pool: Pool } | null> {
+  const [row] = await w.sql.query<Instance & { pool: PoolJson | null }>(
     `SELECT ${INSTANCE_COLUMNS}, (SELECT row_to_json(p) FROM (SELECT ${POOL_COLUMNS} FROM pools WHERE pools.id = instances.pool_id) p) AS pool
        FROM instances WHERE id = $1 FOR UPDATE`,
     [id],
   );
-  if (!row?.pool) return null;
+  if (!row?.pool || (who && !visibleTo(who, row.tenantId))) return null;
   const { pool, ...inst } = row;
-  return { inst, pool: { ...pool, createdAt: new Date(pool.createdAt) } };
+  return { inst, pool: poolFromJson(pool) };
 }
 
 export async function getPool(sql: Sql, id: string): Promise<Pool | undefined> {

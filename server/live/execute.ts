@@ -66,17 +66,7 @@ export async function subscribeShared(
   const events = source as AsyncIterableIterator<unknown>;
   const resolve = (event: unknown): Promise<ExecutionResult> => {
     if (typeof event !== "object" || event === null) return Promise.resolve(mask(execute({ ...args, rootValue: event }) as ExecutionResult));
-    let results = shared.get(event);
-    if (!results) {
-      results = new Map();
-      shared.set(event, results);
-    }
-    let result = results.get(key);
-    if (!result) {
-      result = Promise.resolve(execute({ ...args, rootValue: event })).then(mask);
-      results.set(key, result);
-    }
-    return result;
+    return perEvent(shared, event, key, () => Promise.resolve(execute({ ...args, rootValue: event })).then(mask));
   };
   const finish = () => {
     // No frame after this: graphql-ws has forgotten the id (the client completed it, or it ended).
@@ -114,16 +104,23 @@ export async function subscribeShared(
 
 /** The serialised result of one event for one request key (see Frames), computed once. */
 function payloadOf(event: object, key: string, args: ExecutionArgs, mask: Mask): string | Promise<string> {
-  let byKey = payloads.get(event);
+  return perEvent(payloads, event, key, () => {
+    const result = execute({ ...args, rootValue: event });
+    return result instanceof Promise ? result.then((r) => JSON.stringify(mask(r))) : JSON.stringify(mask(result));
+  });
+}
+
+/** What `make` gives for an event object and a request key, made once while the event object lives. */
+function perEvent<T>(cache: WeakMap<object, Map<string, T>>, event: object, key: string, make: () => T): T {
+  let byKey = cache.get(event);
   if (!byKey) {
     byKey = new Map();
-    payloads.set(event, byKey);
+    cache.set(event, byKey);
   }
-  let payload = byKey.get(key);
-  if (payload === undefined) {
-    const result = execute({ ...args, rootValue: event });
-    payload = result instanceof Promise ? result.then((r) => JSON.stringify(mask(r))) : JSON.stringify(mask(result));
-    byKey.set(key, payload);
+  let value = byKey.get(key);
+  if (value === undefined) {
+    value = make();
+    byKey.set(key, value);
   }
-  return payload;
+  return value;
 }

@@ -122,19 +122,26 @@ class EventStream implements Sink, AsyncIterableIterator<WatchedEvent> {
       try {
         frame = this.frames(e);
       } catch {
-        this.conn.end(CloseCode.internalError, "an event could not be sent; reconnect and resume from your last cursor");
+        this.failed();
         return;
       }
       this.write(frame);
       return;
     }
     this.queue.push(e);
-    this.conn.queued++;
-    if (this.conn.queued > this.limit) {
-      this.conn.end(CloseCode.slowConsumer, `slow consumer: over ${this.limit} events behind; reconnect and resume from your last cursor`);
-      return;
-    }
+    if (this.behind()) return;
     this.wake?.();
+  }
+
+  /** One more event of the connection's backlog: past the limit, the connection ends (true). */
+  private behind(): boolean {
+    if (++this.conn.queued <= this.limit) return false;
+    this.conn.end(CloseCode.slowConsumer, `slow consumer: over ${this.limit} events behind; reconnect and resume from your last cursor`);
+    return true;
+  }
+
+  private failed(): void {
+    this.conn.end(CloseCode.internalError, "an event could not be sent; reconnect and resume from your last cursor");
   }
 
   private write(frame: string | Promise<string> | null): void {
@@ -148,7 +155,7 @@ class EventStream implements Sink, AsyncIterableIterator<WatchedEvent> {
         const text = await frame;
         if (text !== null && !this.done) this.send(text);
       })
-      .catch(() => this.conn.end(CloseCode.internalError, "an event could not be sent; reconnect and resume from your last cursor"));
+      .catch(() => this.failed());
     this.pending = next;
     void next.finally(() => {
       if (this.pending === next) this.pending = null;
@@ -157,11 +164,7 @@ class EventStream implements Sink, AsyncIterableIterator<WatchedEvent> {
 
   private send(frame: string): void {
     const { conn } = this;
-    if (conn.ended || conn.socket.readyState !== OPEN) return;
-    if (++conn.queued > this.limit) {
-      conn.end(CloseCode.slowConsumer, `slow consumer: over ${this.limit} events behind; reconnect and resume from your last cursor`);
-      return;
-    }
+    if (conn.ended || conn.socket.readyState !== OPEN || this.behind()) return;
     conn.socket.send(frame, () => conn.queued--);
   }
 

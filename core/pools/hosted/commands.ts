@@ -36,32 +36,18 @@ const COLUMNS = `id, node_id AS "nodeId", instance_id AS "instanceId", kind, arg
 /** A row as the host protocol carries it. */
 const asHostCommand = (r: HostCommandRow): HostCommand => ({ id: r.id, kind: r.kind, deadline: r.deadline.toISOString(), args: r.args }) as HostCommand;
 
-/** Queue a command for a node; its agent hears of it once the write commits. */
 /**
  * How long a pause or resume command may wait to be taken: past it the spec, which asks for the same power state,
  * does the job.
  */
 export const POWER_COMMAND_MS = 60_000;
 
+/** Queue a command for a node; its agent hears of it once the write commits. */
 export async function enqueueCommand(
   w: Write,
   c: { nodeId: string; instanceId: string; kind: HostCommandKind; args: Record<string, unknown>; timeoutMs: number },
   opts: { deferred?: boolean } = {},
 ): Promise<HostCommandRow> {
-  if (opts.deferred) return deferCommand(w, c);
-  const [row] = await w.sql.query<HostCommandRow>(
-    `INSERT INTO host_commands (id, node_id, instance_id, kind, args, deadline, created_at) VALUES ($1, $2, $3, $4, $5::jsonb, $6, $7) RETURNING ${COLUMNS}`,
-    [w.ids("cmd"), c.nodeId, c.instanceId, c.kind, JSON.stringify(c.args), new Date(w.now.getTime() + c.timeoutMs), w.now],
-  );
-  w.command(c.nodeId, asHostCommand(row as HostCommandRow));
-  return row as HostCommandRow;
-}
-
-/**
- * A command whose row nothing later in the write reads (a pause or resume request): made here, inserted with
- * the write's last statement (Write.defer), announced once the write commits like any other.
- */
-function deferCommand(w: Write, c: { nodeId: string; instanceId: string; kind: HostCommandKind; args: Record<string, unknown>; timeoutMs: number }) {
   const row: HostCommandRow = {
     id: w.ids("cmd"),
     nodeId: c.nodeId,
@@ -77,12 +63,20 @@ function deferCommand(w: Write, c: { nodeId: string; instanceId: string; kind: H
     finishedAt: null,
     settledAt: null,
   };
-  w.defer(
-    (p) =>
-      `INSERT INTO host_commands (id, node_id, instance_id, kind, args, deadline, created_at)
-       VALUES (${p(row.id)}::text, ${p(row.nodeId)}::text, ${p(row.instanceId)}::text, ${p(row.kind)}::text, ${p(JSON.stringify(row.args))}::jsonb,
-               ${p(row.deadline)}::timestamptz, ${p(row.createdAt)}::timestamptz)`,
-  );
+  const insert = (p: (v: unknown) => string) =>
+    `INSERT INTO host_commands (id, node_id, instance_id, kind, args, deadline, created_at)
+     VALUES (${p(row.id)}::text, ${p(row.nodeId)}::text, ${p(row.instanceId)}::text, ${p(row.kind)}::text, ${p(JSON.stringify(row.args))}::jsonb,
+             ${p(row.deadline)}::timestamptz, ${p(row.createdAt)}::timestamptz)`;
+  // `deferred`: nothing later in the write reads the row (a pause or resume request), so it goes in with the
+  // write's last statement (Write.defer) instead of a round trip of its own.
+  if (opts.deferred) w.defer(insert);
+  else {
+    const params: unknown[] = [];
+    await w.sql.query(
+      insert((v) => `$${params.push(v)}`),
+      params,
+    );
+  }
   w.command(c.nodeId, asHostCommand(row));
   return row;
 }

@@ -15,9 +15,12 @@ export const HELD_STATES: readonly InstanceState[] = ["provisioning", "starting"
 export const specsBumpedSql = (ids: string) =>
   `UPDATE nodes SET spec_generation = spec_generation + 1 WHERE id = ANY(${ids}::text[]) RETURNING id AS "nodeId", spec_generation AS generation`;
 
+/** The nodes named, once each and in id order (the order their rows are locked in). */
+export const specNodes = (nodeIds: readonly (string | null | undefined)[]) => [...new Set(nodeIds.filter((n): n is string => !!n))].sort();
+
 /** Bump the generation of nodes whose desired set changed; the agents hear of it once the write commits. */
 export async function bumpSpecs(w: Write, nodeIds: readonly (string | null | undefined)[]): Promise<{ nodeId: string; generation: number }[]> {
-  const unique = [...new Set(nodeIds.filter((n): n is string => !!n))].sort();
+  const unique = specNodes(nodeIds);
   if (!unique.length) return [];
   const rows = await w.sql.query<{ nodeId: string; generation: number }>(specsBumpedSql("$1"), [unique]);
   for (const r of rows) w.spec(r.nodeId, r.generation);

@@ -77,29 +77,14 @@ const instanceSpecOf =
     fromSnapshot: r.restoreFrom,
   });
 
-async function nodeHead(sql: Sql, nodeId: string): Promise<{ generation: number; runtime: string }> {
-  const [node] = await sql.query<{ generation: number; runtime: string | null }>(
-    `SELECT n.spec_generation AS generation, p.runtime FROM nodes n JOIN pools p ON p.id = n.pool_id WHERE n.id = $1`,
-    [nodeId],
-  );
-  if (!node) throw notFound("node", nodeId);
-  return { generation: node.generation, runtime: node.runtime ?? "libvirt-kvm" };
-}
-
 /** The domains a node should remove (`$1` the node): deleted instances not yet gone, orphans marked for removal. */
 const REMOVALS = `SELECT id FROM instances WHERE node_id = $1 AND desired_state = 'deleted' AND state <> 'deleted'
      UNION SELECT domain_id FROM orphans WHERE node_id = $1 AND removal_at IS NOT NULL ORDER BY 1`;
 
-async function removals(sql: Sql, nodeId: string): Promise<string[]> {
-  const rows = await sql.query<{ id: string }>(REMOVALS, [nodeId]);
-  return rows.map((r) => r.id);
-}
-
-/** The whole desired set of a node, as its agent receives it. */
+/** The whole desired set of a node, as its agent receives it: every instance is news to a reader that holds none. */
 export async function buildNodeSpec(sql: Sql, sealer: Sealer, hostNetwork: string, nodeId: string): Promise<NodeSpec> {
-  const head = await nodeHead(sql, nodeId);
-  const rows = await sql.query<SpecRow>(SPEC_ROWS(IN_SET), [nodeId, HELD_STATES]);
-  return { nodeId, ...head, instances: rows.map(instanceSpecOf(sealer, hostNetwork)), remove: await removals(sql, nodeId) };
+  const { since: _, dropped: __, ...spec } = await buildNodeSpecChange(sql, sealer, hostNetwork, nodeId, -1, new Set());
+  return spec;
 }
 
 /**
