@@ -66,6 +66,19 @@ async function running(t: Awaited<ReturnType<Harness["tenant"]>>, key: string) {
   return createInstance;
 }
 
+/**
+ * A new host that takes whatever is created next (every other host of the pool cordoned), a running instance
+ * of a new tenant's on it, and the host's command stream.
+ */
+async function aloneOn(name: string, key: string) {
+  for (const { id } of (await op.request(bc.NodesDocument, { poolId: pool.id })).nodes) await op.request(bc.SetNodeStateDocument, { id, state: "CORDONED" });
+  const joined = await host(name);
+  const t = await h.tenant();
+  const vm = await running(t, key);
+  expect(vm.nodeId).toBe(joined.nodeId);
+  return { host: joined, t, vm, stream: await commands(joined.credential) };
+}
+
 const reasons = async (id: string) =>
   (await h.platform.db.prisma.instanceEvent.findMany({ where: { instanceId: id }, orderBy: { version: "asc" } })).map((e) => e.reason);
 const snapshot = async (id: string) => (await op.request(bc.InstanceSnapshotDocument, { id })).instanceSnapshot;
@@ -116,12 +129,7 @@ describe("host commands", () => {
   });
 
   it("takes a host's answer to a pause or resume as its word on the domain, so a report that says the same is no news", async () => {
-    for (const { id } of (await op.request(bc.NodesDocument, { poolId: pool.id })).nodes) await op.request(bc.SetNodeStateDocument, { id, state: "CORDONED" });
-    const a = await host("power");
-    const t = await h.tenant();
-    const vm = await running(t, "power");
-    expect(vm.nodeId).toBe(a.nodeId);
-    const stream = await commands(a.credential);
+    const { host: a, t, vm, stream } = await aloneOn("power", "power");
     const row = async () =>
       (
         await h.platform.read((sql) =>
@@ -157,12 +165,7 @@ describe("host commands", () => {
 
   it("gives up a command its host does not finish by the deadline, and the snapshot fails with why", async () => {
     // The other hosts take nothing new: the instance lands on this one, which never answers.
-    for (const { id } of (await op.request(bc.NodesDocument, { poolId: pool.id })).nodes) await op.request(bc.SetNodeStateDocument, { id, state: "CORDONED" });
-    const c = await host("c");
-    const t = await h.tenant();
-    const vm = await running(t, "slow");
-    expect(vm.nodeId).toBe(c.nodeId);
-    const stream = await commands(c.credential);
+    const { vm, stream } = await aloneOn("c", "slow");
     const { snapshotInstance: snap } = await op.request(bc.SnapshotInstanceDocument, { id: vm.id });
     await expect.poll(async () => (await snapshot(snap.id))?.state, { timeout: 15_000, interval: 100 }).toBe("FAILED");
     expect((await snapshot(snap.id))?.error).toMatch(/did not finish instance\.snapshot before its deadline/);
