@@ -160,6 +160,47 @@ describe("after commit", () => {
     expect(BigInt(after?.position ?? "0")).toBeGreaterThan(BigInt(head?.position ?? "0"));
   });
 
+  it("positions a batch in id order from one block of the sequence, and concurrent calls never share or skip a position", async () => {
+    const t = await h.tenant();
+    const pool = await h.hostedPool();
+    const inst = (await t.client.request(CreateInstanceDocument, { input: { poolId: pool.poolId, flavor: "small", imageId: pool.imageId } })).createInstance;
+    type Row = { id: string; position: string | null };
+    const sql = (text: string, params: unknown[] = []) => h.platform.read((s) => s.query<Row>(text, params));
+    let version = 1000;
+    const orphans = async (n: number) => {
+      version += 100;
+      return sql(
+        `INSERT INTO instance_events (instance_id, tenant_id, pool_id, from_state, to_state, desired_state, reason, actor, version)
+         SELECT id, tenant_id, pool_id, state, state, desired_state, 'test', 'test', $2 + k FROM instances, generate_series(1, $3::int) k
+          WHERE id = $1 ORDER BY k RETURNING id::text, position::text`,
+        [inst.id, version, n],
+      );
+    };
+    const positions = async (ids: string[]) =>
+      (await sql(`SELECT id::text, position::text FROM instance_events WHERE id = ANY($1::bigint[]) ORDER BY id`, [ids])).map((r) => r.position);
+
+    // One call positions the whole batch: consecutive positions, in the order of the events' ids.
+    const batch = (await orphans(5)).map((r) => r.id);
+    const [called] = await sql(`SELECT '0' AS id, count(*)::text AS position FROM sequence_instance_events($1::bigint[])`, [batch]);
+    expect(called?.position).toBe("5");
+    const got = (await positions(batch)).map((p) => BigInt(p ?? "0"));
+    expect(got.every((p) => p > 0n)).toBe(true);
+    expect(got.map((p) => p - (got[0] as bigint))).toEqual([0n, 1n, 2n, 3n, 4n]);
+
+    // Callers racing one another (and the sweep) while writers add more: every event ends with a position of its own.
+    const added: string[] = [];
+    await Promise.all(
+      Array.from({ length: 8 }, async (_, i) => {
+        const ids = (await orphans(1 + (i % 3))).map((r) => r.id);
+        added.push(...ids);
+        await sql(`SELECT id::text, position::text FROM sequence_instance_events($1::bigint[], $2)`, [ids, i % 4 === 0]);
+      }),
+    );
+    const after = await positions(added);
+    expect(after.every((p) => p !== null)).toBe(true);
+    expect(new Set(after).size).toBe(added.length);
+  });
+
   it("publishes nothing and wakes nothing for a refused request", async () => {
     const t = await h.tenant({ quota: { instances: 0 } });
     const pool = await h.hostedPool();
