@@ -1,6 +1,18 @@
 import type { IncomingMessage } from "node:http";
 import { createComplexityRule } from "@pothos/plugin-complexity";
-import { type DocumentNode, type ExecutionArgs, GraphQLError, getOperationAST, Kind, type SelectionSetNode, validate } from "graphql";
+import {
+  type DocumentNode,
+  type ExecutionArgs,
+  GraphQLError,
+  type GraphQLSchema,
+  getOperationAST,
+  Kind,
+  type SelectionSetNode,
+  TypeInfo,
+  validate,
+  visit,
+  visitWithTypeInfo,
+} from "graphql";
 import type { Plugin } from "graphql-yoga";
 import type { Platform } from "../../infra/platform.ts";
 import type { Context } from "../context.ts";
@@ -70,20 +82,57 @@ function rateLimited(retryAfterMs: number, limits: Platform["config"]["limits"],
   );
 }
 
+/**
+ * Costs worked out already, per parsed document (yoga's parser cache hands the same one out again for the same
+ * text) and operation. A cost reads the variables only through the arguments of fields whose cost is a function
+ * of them (`first`), so requests that differ only elsewhere (each create's input) share one entry.
+ */
+const costs = new WeakMap<DocumentNode, Map<string, { variables: string[]; byValues: Map<string, number> }>>();
+/** Distinct values of those variables remembered per operation; past this, costs are worked out each time. */
+const COSTS_PER_OPERATION = 256;
+
 /** The operation's cost with its variables (server/schema/builder.ts says what each field costs). */
 function costOf(args: ExecutionArgs): number {
+  let perOperation = costs.get(args.document);
+  if (!perOperation) costs.set(args.document, (perOperation = new Map()));
+  let known = perOperation.get(args.operationName ?? "");
+  if (!known) perOperation.set(args.operationName ?? "", (known = { variables: costVariables(args.schema, args.document), byValues: new Map() }));
+  const values = (args.variableValues ?? {}) as Record<string, unknown>;
+  const key = JSON.stringify(known.variables.map((v) => values[v] ?? null));
+  const cached = known.byValues.get(key);
+  if (cached !== undefined) return cached;
   let cost = 0;
   const rule = createComplexityRule({
     context: args.contextValue as object,
-    variableValues: (args.variableValues ?? {}) as Record<string, unknown>,
+    variableValues: values,
     operationName: args.operationName,
     onResult: (r) => {
       cost = Math.max(cost, r.complexity);
     },
   });
-  // Variables that do not fit report errors here and leave the cost at 0: execution refuses them itself.
-  validate(args.schema, args.document, [rule]);
+  // Variables that do not fit report errors here and leave the cost at 0: execution refuses them itself. That 0
+  // belongs to this request alone, so it is not remembered.
+  const errors = validate(args.schema, args.document, [rule]);
+  if (errors.length === 0 && known.byValues.size < COSTS_PER_OPERATION) known.byValues.set(key, cost);
   return cost;
+}
+
+/** The variables a document gives to arguments of fields whose cost is a function of their arguments. */
+function costVariables(schema: GraphQLSchema, document: DocumentNode): string[] {
+  const names = new Set<string>();
+  const types = new TypeInfo(schema);
+  visit(
+    document,
+    visitWithTypeInfo(types, {
+      Variable(node) {
+        // Directives' arguments and variable definitions are not read by the cost; an unknown field fails validation.
+        if (types.getDirective() || !types.getArgument()) return;
+        const field = types.getFieldDef();
+        if (!field || typeof field.extensions?.complexity === "function") names.add(node.name.value);
+      },
+    }),
+  );
+  return [...names].sort();
 }
 
 /** The root fields an operation selects, through its fragments. */

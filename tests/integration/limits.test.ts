@@ -93,6 +93,28 @@ describe("what one request may cost (default limits)", () => {
     expect(await written(t.id)).toEqual({ instances: before.instances + 5, audit: before.audit + 5 });
   });
 
+  it("remembers a document's cost only per value of the variables it depends on, and never a cost of variables that do not fit", async () => {
+    const t = await h.tenant();
+    const pages = (n: unknown, other: boolean) =>
+      post(
+        h.url,
+        {
+          query: `query Again($n: Int, $other: Boolean!) { viewer @include(if: $other) { identityId } ${PAGES.slice(PAGES.indexOf("{") + 1)}`,
+          variables: { n, other },
+        },
+        t.token,
+      );
+    // Variables that do not fit are refused by execution; the cost they left (none) must not stand for the next request.
+    expect(codeOf(await pages("many", true))).toBe("INVALID_INPUT");
+    expect(codeOf(await pages(500, true))).toBe("INVALID_INPUT");
+    expect(codeOf(await pages(100, true))).toBe("ANSWERED");
+    // A variable the cost does not read changes nothing; the one it reads still counts after the cheap answer.
+    expect(codeOf(await pages(100, false))).toBe("ANSWERED");
+    const over = await pages(500, false);
+    expect(codeOf(over)).toBe("INVALID_INPUT");
+    expect(over.errors?.[0]?.message).toContain("limits.cost");
+  });
+
   it("refuses introspection and field hints to anonymous callers, and keeps both for any credential and in development", async () => {
     const t = await h.tenant();
     for (const query of ["{ __schema { queryType { name } } }", '{ __type(name: "Query") { name } }']) {
