@@ -38,14 +38,37 @@ export async function openBus(opts: { redisUrl?: string; prefix: string }): Prom
   for (const c of [publishClient, subscribeClient]) c.on("error", () => {});
   await Promise.all([publishClient.connect(), subscribeClient.connect()]);
   const pubsub = createPubSub({ eventTarget: localFirst(publishClient, subscribeClient) });
+  const batch = corkedUntilTick(publishClient);
   return {
-    publish: (c, m, k) => pubsub.publish(topic(c, k), m),
+    publish: (c, m, k) => {
+      batch();
+      pubsub.publish(topic(c, k), m);
+    },
     subscribe: (c, k) => pubsub.subscribe(topic(c, k)) as never,
     ping: async () => void (await publishClient.ping()),
     close: async () => {
       publishClient.disconnect();
       subscribeClient.disconnect();
     },
+  };
+}
+
+/**
+ * Holds the client's writes until the current tick's synchronous work is done (process.nextTick, before any I/O),
+ * so a write's messages leave in one syscall instead of one each. Unlike ioredis's auto-pipelining, which waits
+ * for setImmediate, this defers nothing past the code that published them.
+ */
+function corkedUntilTick(client: Redis): () => void {
+  let corked: { uncork(): void } | null = null;
+  return () => {
+    const stream = (client as unknown as { stream?: { cork(): void; uncork(): void; writable?: boolean } }).stream;
+    if (corked || !stream?.writable) return;
+    stream.cork();
+    corked = stream;
+    process.nextTick(() => {
+      corked = null;
+      stream.uncork();
+    });
   };
 }
 
