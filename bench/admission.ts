@@ -28,7 +28,7 @@ import { admitInstance } from "../core/instances/admission.ts";
 import { CreateInstanceDocument, createClient } from "../sdk/client.ts";
 import { startServer } from "../server/app.ts";
 import { admissionDeps, hostedFixture, SMALL } from "./fixture.ts";
-import { benchArgs, benchPlatform, closedLoop, pgbench, pgbenchInsertTps, psql, scratchDatabase } from "./lib.ts";
+import { benchArgs, benchPlatform, closedLoop, machineCpu, pgbench, pgbenchInsertTps, psql, scratchDatabase } from "./lib.ts";
 
 const args = benchArgs({ clients: 16, seconds: 10, nodes: 3, tenants: 1, insert: 0, "api-connections": 0, statements: 6 });
 const GOAL = 0.5;
@@ -42,12 +42,14 @@ async function writeSet(clients: number, seconds: number) {
   const db = await scratchDatabase("bc_writeset");
   try {
     psql(db.url, ["-v", `hosts=${args.nodes}`, "-v", `tenants=${args.tenants}`, "-f", join(import.meta.dirname, "admission-write-set.setup.sql")]);
+    const machine0 = machineCpu();
     const run = pgbench(db.url, {
       clients,
       seconds,
       script: join(import.meta.dirname, "admission-write-set.sql"),
       define: { n: 0, hosts: args.nodes, tenants: args.tenants, vcpus: SMALL.vcpus, memory_mib: SMALL.memoryMib, disk_gib: SMALL.diskGib },
     });
+    const cpuMs = ((machineCpu() - machine0) * 1000) / run.processed;
     // Every create wrote all six or nothing; a script that quietly wrote less would flatter the limit.
     const [counts, spread] = psql(db.url, [
       "-At",
@@ -63,7 +65,7 @@ async function writeSet(clients: number, seconds: number) {
     const made = (counts as string).split(" ").map(Number);
     if (new Set(made).size !== 1 || (made[0] as number) < run.processed)
       throw new Error(`the write set left uneven rows (instances events audit leases hosts quota: ${counts}) for ${run.processed} transactions`);
-    return { ...run, spread: spread as string };
+    return { ...run, spread: spread as string, cpuMs };
   } finally {
     await db.drop();
   }
@@ -129,7 +131,7 @@ function statementProfile() {
   };
 }
 
-type LoopResult = Awaited<ReturnType<typeof closedLoop>>;
+type LoopResult = Awaited<ReturnType<typeof closedLoop>> & { cpuSeconds?: number };
 interface ClientPlan {
   url: string;
   tokens: string[];
@@ -155,12 +157,14 @@ function apiClients(plan: ClientPlan): Promise<LoopResult> {
 async function clientProcess() {
   const plan = await new Promise<ClientPlan>((resolve) => process.once("message", (m) => resolve(m as ClientPlan)));
   const clients = plan.tokens.map((token) => createClient({ url: plan.url, token }));
+  const cpu0 = process.cpuUsage();
   const result = await closedLoop(clients.length, args.seconds, async (i, n) => {
     await (clients[i] as (typeof clients)[number]).request(CreateInstanceDocument, {
       input: { poolId: plan.poolId, flavor: "small", imageId: plan.imageId, idempotencyKey: `api-${n}` },
     });
   });
-  await new Promise((sent) => process.send?.(result, sent));
+  const cpu = process.cpuUsage(cpu0);
+  await new Promise((sent) => process.send?.({ ...result, cpuSeconds: (cpu.user + cpu.system) / 1e6 }, sent));
 }
 
 async function run() {
@@ -171,10 +175,29 @@ async function run() {
       `API database connections ${apiConnections || "default"}`,
   );
   const profile = statementProfile();
+  /**
+   * Where the machine's CPU went per create during a phase: this process (the platform, and for the core phase
+   * its callers too), the API phase's client process, and the rest of the machine (PostgreSQL, Redis).
+   */
+  const cpuMeter = () => {
+    const machine0 = machineCpu();
+    const self0 = process.cpuUsage();
+    return (creates: number, clientSeconds = 0) => {
+      const self = process.cpuUsage(self0);
+      const platformS = (self.user + self.system) / 1e6;
+      const rest = machineCpu() - machine0 - platformS - clientSeconds;
+      const per = (seconds: number) => `${((seconds * 1000) / creates).toFixed(2)} ms`;
+      return `    CPU per create: platform process ${per(platformS)}${clientSeconds ? `, client process ${per(clientSeconds)}` : ""}, rest of the machine (PostgreSQL, Redis) ${per(Math.max(0, rest))}`;
+    };
+  };
   const line = (what: string, rate: number, rest: string) => console.log(`${what.padEnd(34)} ${rate.toFixed(0).padStart(5)} ${rest}`);
   const writeSetRun = async (when: string) => {
     const ws = await writeSet(c, args.seconds);
-    line(`pgbench, least write set (${when}):`, ws.tps, `tps        latency avg ${ws.latencyMs.toFixed(1)} ms  hosts ${ws.spread}`);
+    line(
+      `pgbench, least write set (${when}):`,
+      ws.tps,
+      `tps        latency avg ${ws.latencyMs.toFixed(1)} ms  hosts ${ws.spread}  CPU ${ws.cpuMs.toFixed(2)} ms a transaction`,
+    );
     return ws.tps;
   };
   const first = await writeSetRun("before");
@@ -204,6 +227,7 @@ async function run() {
 
     let before = await hostCounts();
     profile.start();
+    let cpu = cpuMeter();
     const core = await closedLoop(c, args.seconds, async (i, n) => {
       const t = tenantOf(i);
       await platform.write({ actor: t.apiToken.identityId, action: "createInstance" }, (w) =>
@@ -216,26 +240,31 @@ async function run() {
         ),
       );
     });
+    const coreCpu = cpu(core.done);
     const coreProfile = profile.report(core.done);
     line(
       "admission, core transaction:",
       core.perSecond,
       `creates/s  p50 ${core.p50.toFixed(1)} ms  p99 ${core.p99.toFixed(1)} ms  errors ${core.errors}  hosts ${await spreadSince(before)}`,
     );
+    console.log(coreCpu);
     console.log(coreProfile);
 
     const app = await startServer(platform, { port: 0, host: "127.0.0.1" });
     before = await hostCounts();
     profile.start();
+    cpu = cpuMeter();
     // The clients run in a process of their own, as callers of a server do: their HTTP and JSON work is not the
     // server's, and would otherwise take turns with it on this process's one thread.
     const api = await apiClients({ url: app.url, tokens: Array.from({ length: c }, (_, i) => tenantOf(i).token), poolId: fx.poolId, imageId: fx.imageId });
+    const apiCpu = cpu(api.done, api.cpuSeconds);
     const apiProfile = profile.report(api.done);
     line(
       "admission, whole API (HTTP+Redis):",
       api.perSecond,
       `creates/s  p50 ${api.p50.toFixed(1)} ms  p99 ${api.p99.toFixed(1)} ms  errors ${api.errors}  hosts ${await spreadSince(before)}`,
     );
+    console.log(apiCpu);
     console.log(apiProfile);
     await app.close();
 

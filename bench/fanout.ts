@@ -32,7 +32,7 @@ import { WebSocket } from "ws";
 import { admitInstance } from "../core/instances/admission.ts";
 import { setDesiredState } from "../core/instances/lifecycle.ts";
 import { admissionDeps, hostedFixture } from "./fixture.ts";
-import { benchArgs, benchPlatform, inParallel, percentile, rssOf } from "./lib.ts";
+import { benchArgs, benchPlatform, cpuOf, inParallel, percentile, rssOf } from "./lib.ts";
 
 const POOL_QUERY = "subscription($poolId: ID) { instanceEvents(poolId: $poolId) { cursor toState desiredState version at instance { id state } } }";
 const INSTANCE_QUERY = "subscription($id: ID!) { instanceChanged(id: $id) { cursor toState desiredState version at instance { id state } } }";
@@ -41,11 +41,6 @@ const PER_NODE = 3000;
 /** Set in the subscriber processes this bench forks. */
 const ROLE = "FANOUT_ROLE";
 
-/** CPU seconds a process has used (user + system), from /proc. */
-const cpuOf = (pid: number) => {
-  const f = readFileSync(`/proc/${pid}/stat`, "utf8").split(") ")[1]?.split(" ") ?? [];
-  return (Number(f[11]) + Number(f[12])) / 100;
-};
 const mib = (b: number) => `${(b / 2 ** 20).toFixed(0)} MiB`;
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
 const loadavg = () => readFileSync("/proc/loadavg", "utf8").split(" ").slice(0, 3).join(" ");

@@ -81,6 +81,18 @@ export async function pgbenchInsertTps(clients: number, seconds: number): Promis
   }
 }
 
+/** CPU seconds a process has used (user + system), from /proc. */
+export const cpuOf = (pid: number) => {
+  const f = readFileSync(`/proc/${pid}/stat`, "utf8").split(") ")[1]?.split(" ") ?? [];
+  return (Number(f[11]) + Number(f[12])) / 100;
+};
+
+/** CPU seconds the whole machine has spent busy (every core, everything but idle and I/O wait), from /proc. */
+export const machineCpu = () => {
+  const f = (readFileSync("/proc/stat", "utf8").split("\n")[0] as string).trim().split(/\s+/).slice(1).map(Number);
+  return f.reduce((a, b) => a + b, 0) / 100 - ((f[3] as number) + (f[4] as number)) / 100;
+};
+
 export function benchArgs<K extends string>(defaults: Record<K, number>): Record<K, number> {
   const { values } = parseArgs({ options: Object.fromEntries(Object.keys(defaults).map((k) => [k, { type: "string" as const }])), allowPositionals: false });
   return Object.fromEntries(Object.entries<number>(defaults).map(([k, v]) => [k, values[k] === undefined ? v : Number(values[k])])) as Record<K, number>;
