@@ -33,11 +33,8 @@ export const needsUsageRows = (resources: readonly string[]) => resources.some((
  * raised; fewer than asked means a limit was hit. `tenant`, `resources`, `amounts` are the placeholders; nothing
  * is charged where `guard` is false.
  */
-export const chargeSql = (tenant: string, resources: string, amounts: string, guard = "true") => `UPDATE quota_usage u SET used = u.used + w.amount
-       FROM unnest(${resources}::text[], ${amounts}::bigint[]) AS w(resource, amount)
-      WHERE u.tenant_id = ${tenant} AND u.resource = w.resource AND ${guard}
-        AND u.used + w.amount <= COALESCE((SELECT l."limit" FROM quota_limits l WHERE l.tenant_id = ${tenant} AND l.resource = w.resource), u.used + w.amount)
-      RETURNING u.resource`;
+export const chargeSql = (tenant: string, resources: string, amounts: string, guard = "true") =>
+  `SELECT c AS resource FROM charge_quota(${tenant}::text, ${resources}::text[], ${amounts}::bigint[], ${guard}) c`;
 
 /**
  * Charge a tenant's quota in one guarded UPDATE (chargeSql). Fewer rows updated than asked means a limit was
