@@ -93,10 +93,11 @@ const COSTS_PER_OPERATION = 256;
 
 /** The operation's cost with its variables (server/schema/builder.ts says what each field costs). */
 function costOf(args: ExecutionArgs): number {
-  let perOperation = costs.get(args.document);
-  if (!perOperation) costs.set(args.document, (perOperation = new Map()));
-  let known = perOperation.get(args.operationName ?? "");
-  if (!known) perOperation.set(args.operationName ?? "", (known = { variables: costVariables(args.schema, args.document), byValues: new Map() }));
+  const perOperation = costs.get(args.document) ?? new Map<string, { variables: string[]; byValues: Map<string, number> }>();
+  costs.set(args.document, perOperation);
+  const operation = args.operationName ?? "";
+  const known = perOperation.get(operation) ?? { variables: costVariables(args.schema, args.document), byValues: new Map<string, number>() };
+  perOperation.set(operation, known);
   const values = (args.variableValues ?? {}) as Record<string, unknown>;
   const key = JSON.stringify(known.variables.map((v) => values[v] ?? null));
   const cached = known.byValues.get(key);
