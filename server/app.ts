@@ -191,8 +191,11 @@ export async function startServer(platform: Platform, opts: { port?: number; hos
         socketLogs.set(socket, slog);
         const auth = (ctx.connectionParams?.authorization as string | undefined) ?? null;
         let principal: Principal | null;
+        const mark = hub.mark();
         try {
           principal = await principalFor(platform, auth, principals);
+          // Revoked while it was being checked: the revocation could not end a connection not yet registered.
+          if (hub.revokedSince(mark, principal)) throw new AppError("UNAUTHENTICATED", "credential revoked");
         } catch (e) {
           // A bad credential is final (4401); not being able to check it (the database is down) is not.
           if (isAppError(e, "UNAUTHENTICATED")) socket.close(CloseCode.unauthorized, "the bearer token is unknown, expired or revoked");

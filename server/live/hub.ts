@@ -205,6 +205,9 @@ class EventStream implements Sink, AsyncIterableIterator<WatchedEvent> {
   }
 }
 
+/** Revocations remembered for connections still authenticating: far more than can land during one check. */
+const RECENT_REVOCATIONS = 1024;
+
 /**
  * The server's live side: its feed, its connections, and what ends them (revocation, expiry, shutdown,
  * falling behind). Embedded or on Redis it behaves the same; only the bus under the feed differs.
@@ -215,6 +218,9 @@ export class LiveHub {
   private revocations: AsyncIterator<{ key: string }> | undefined;
   private listening: Promise<void> | undefined;
   private reauth: NodeJS.Timeout | undefined;
+  /** Revocations heard so far, and the latest of them by count (revokedSince). */
+  private revoked = 0;
+  private readonly recentRevocations: { n: number; key: string }[] = [];
 
   private constructor(
     private readonly platform: Platform,
@@ -302,7 +308,26 @@ export class LiveHub {
   }
 
   revoke(key: string): void {
+    this.recentRevocations.push({ n: ++this.revoked, key });
+    if (this.recentRevocations.length > RECENT_REVOCATIONS) this.recentRevocations.splice(0, this.recentRevocations.length - RECENT_REVOCATIONS);
     for (const c of this.connections) if (c.principal?.credential?.key === key) c.end(CloseCode.unauthorized, "credential revoked");
+  }
+
+  /** Take before authenticating a connection; `revokedSince` then says whether a revocation overtook the check. */
+  mark(): number {
+    return this.revoked;
+  }
+
+  /**
+   * Whether the principal's credential was revoked after `mark`: a connection checked before a revocation and
+   * registered after it would not be among the connections the revocation ended. Also true when more
+   * revocations came meanwhile than are remembered (the caller has the client authenticate again).
+   */
+  revokedSince(mark: number, principal: Principal | null): boolean {
+    const key = principal?.credential?.key;
+    if (!key || this.revoked === mark) return false;
+    const oldest = this.recentRevocations[0]?.n ?? this.revoked + 1;
+    return oldest > mark + 1 || this.recentRevocations.some((r) => r.n > mark && r.key === key);
   }
 
   /**

@@ -1,3 +1,4 @@
+import pg from "pg";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { WebSocket } from "ws";
 import type { Principal } from "../../core/auth/principal.ts";
@@ -262,6 +263,32 @@ describe("live connections", () => {
     // The SDK's resuming watcher does not retry a credential that cannot work.
     await expectCode(watchInstanceEvents({ url: h.url, token: second.token }).next(), "UNAUTHENTICATED");
     for (const w of [revoked, expiring, late]) await w.dispose();
+  });
+
+  it("refuses a connection whose credential is revoked while the server is still checking it", async () => {
+    const t = await h.tenant();
+    const { createApiToken } = await h.operator.request(CreateApiTokenDocument, { input: { tenantId: t.id, name: "mid-check" } });
+    // Hold the token table so the new connection's check waits on it; the revocation then reaches the server
+    // (as another server's would) before the check ends and before the connection is registered.
+    const holder = new pg.Client({ connectionString: h.dbUrl });
+    await holder.connect();
+    let conn: ReturnType<typeof watcher<Ev>> | undefined;
+    try {
+      await holder.query("BEGIN");
+      await holder.query("LOCK TABLE api_tokens IN ACCESS EXCLUSIVE MODE");
+      conn = watcher<Ev>(h.url, createApiToken.token, EVENTS, {});
+      const waiting = async () =>
+        (await holder.query(`SELECT count(*)::int AS n FROM pg_locks WHERE NOT granted AND relation = 'api_tokens'::regclass`)).rows[0].n;
+      await expect.poll(waiting, { timeout: 5000, interval: 20 }).toBeGreaterThan(0);
+      const before = h.app.hub.mark();
+      h.platform.bus.publish("credentialsRevoked", { key: `tok:${createApiToken.apiToken.id}` });
+      await expect.poll(() => h.app.hub.mark(), { timeout: 5000, interval: 20 }).toBeGreaterThan(before);
+      await holder.query("ROLLBACK");
+      await expect.poll(() => conn?.closed?.code, { timeout: 5000, interval: 20 }).toBe(4401);
+    } finally {
+      await holder.end();
+      await conn?.dispose();
+    }
   });
 
   it("cuts off a slow consumer while a fast one keeps up, and the slow one resumes from its cursor", async () => {
