@@ -1,7 +1,7 @@
 /**
  * Admission throughput against what PostgreSQL allows for the same writes on the same hot rows.
  *
- *   npm run bench:admission -- [--clients 16] [--seconds 10] [--nodes 3] [--tenants 1] [--insert 0] [--api-connections 0] [--statements 6]
+ *   npm run bench:admission -- [--clients 16] [--seconds 10] [--nodes 3] [--tenants 1] [--warm 2] [--insert 0] [--api-connections 0] [--statements 6]
  *
  * In one run, each phase `seconds` long with `clients` concurrent clients, one hosted pool of `nodes` hosts and
  * a /16, `tenants` tenants (client i creates as tenant i mod tenants):
@@ -14,6 +14,11 @@
  *   core       admitInstance on the write path (platform.write), as the API would call it, without HTTP.
  *   API        createInstance over HTTP GraphQL: auth, limits, the API's database lane, Redis pub/sub and the
  *              BullMQ wake-up; the clients in a child process, as a server's callers are.
+ *
+ * Both sides start warm, as a database in service is: `warm` seconds of the same writes, then ANALYZE, so that
+ * neither is planned from statistics taken while its tables were empty (PostgreSQL keeps a connection's plans,
+ * foreign-key checks' included, until statistics change; autovacuum would refresh them within a minute, after
+ * the phase). `--warm 0` measures from empty tables instead.
  *
  * Prints creates/s for each, core and API as ratios of the write set, and what the platform sent PostgreSQL
  * per create (statements and where their time went). `--insert 1` adds pgbench's single-row INSERT, the
@@ -30,7 +35,7 @@ import { startServer } from "../server/app.ts";
 import { admissionDeps, hostedFixture, SMALL } from "./fixture.ts";
 import { benchArgs, benchPlatform, closedLoop, machineCpu, pgbench, pgbenchInsertTps, psql, scratchDatabase } from "./lib.ts";
 
-const args = benchArgs({ clients: 16, seconds: 10, nodes: 3, tenants: 1, insert: 0, "api-connections": 0, statements: 6 });
+const args = benchArgs({ clients: 16, seconds: 10, nodes: 3, tenants: 1, insert: 0, "api-connections": 0, statements: 6, warm: 2 });
 const GOAL = 0.5;
 // No run comes near these, so a refusal in the figures is a bug, not a full tenant or host: a /16 holds 65,533
 // addresses, and every host and quota has room for all of them.
@@ -42,13 +47,18 @@ async function writeSet(clients: number, seconds: number) {
   const db = await scratchDatabase("bc_writeset");
   try {
     psql(db.url, ["-v", `hosts=${args.nodes}`, "-v", `tenants=${args.tenants}`, "-f", join(import.meta.dirname, "admission-write-set.setup.sql")]);
+    // `n` numbers each client's creates: the measured run counts on from far past the warm-up's.
+    const writes = (n: number, secs: number) =>
+      pgbench(db.url, {
+        clients,
+        seconds: secs,
+        script: join(import.meta.dirname, "admission-write-set.sql"),
+        define: { n, hosts: args.nodes, tenants: args.tenants, vcpus: SMALL.vcpus, memory_mib: SMALL.memoryMib, disk_gib: SMALL.diskGib },
+      });
+    const warmed = args.warm > 0 ? writes(0, args.warm).processed : 0;
+    if (args.warm > 0) psql(db.url, ["-c", "ANALYZE"]);
     const machine0 = machineCpu();
-    const run = pgbench(db.url, {
-      clients,
-      seconds,
-      script: join(import.meta.dirname, "admission-write-set.sql"),
-      define: { n: 0, hosts: args.nodes, tenants: args.tenants, vcpus: SMALL.vcpus, memory_mib: SMALL.memoryMib, disk_gib: SMALL.diskGib },
-    });
+    const run = writes(1_000_000_000, seconds);
     const cpuMs = ((machineCpu() - machine0) * 1000) / run.processed;
     // Every create wrote all six or nothing; a script that quietly wrote less would flatter the limit.
     const [counts, spread] = psql(db.url, [
@@ -63,7 +73,7 @@ async function writeSet(clients: number, seconds: number) {
       .trim()
       .split("\n");
     const made = (counts as string).split(" ").map(Number);
-    if (new Set(made).size !== 1 || (made[0] as number) < run.processed)
+    if (new Set(made).size !== 1 || (made[0] as number) < run.processed + warmed)
       throw new Error(`the write set left uneven rows (instances events audit leases hosts quota: ${counts}) for ${run.processed} transactions`);
     return { ...run, spread: spread as string, cpuMs };
   } finally {
@@ -217,29 +227,34 @@ async function run() {
     // As the write set's tables are: 65,533 fresh address rows would otherwise be planned, and vacuumed, whenever
     // autovacuum got to them, mid-phase or not.
     psql(databaseUrl as string, ["-c", "VACUUM ANALYZE"]);
-    const hostCounts = async () =>
-      (await platform.read((sql) => sql.query<{ n: number }>(`SELECT alloc_instances AS n FROM nodes WHERE pool_id = $1 ORDER BY id`, [fx.poolId]))).map(
-        (r) => r.n,
-      );
-    const spreadSince = async (before: number[]) => (await hostCounts()).map((n, i) => n - (before[i] ?? 0)).join("/");
-    const tenantOf = (i: number) => fx.tenants[i % fx.tenants.length] as (typeof fx.tenants)[number];
     const deps = admissionDeps(platform);
-
-    let before = await hostCounts();
-    profile.start();
-    let cpu = cpuMeter();
-    const core = await closedLoop(c, args.seconds, async (i, n) => {
+    const tenantOf = (i: number) => fx.tenants[i % fx.tenants.length] as (typeof fx.tenants)[number];
+    const coreCreate = (phase: string) => async (i: number, n: number) => {
       const t = tenantOf(i);
       await platform.write({ actor: t.apiToken.identityId, action: "createInstance" }, (w) =>
         admitInstance(
           w,
           deps,
           { identityId: t.apiToken.identityId, tenantId: t.tenant.id },
-          { poolId: fx.poolId, flavor: "small", imageId: fx.imageId, idempotencyKey: `core-${n}` },
+          { poolId: fx.poolId, flavor: "small", imageId: fx.imageId, idempotencyKey: `${phase}-${n}` },
           { commits: true },
         ),
       );
-    });
+    };
+    if (args.warm > 0) {
+      await closedLoop(c, args.warm, coreCreate("warm"));
+      psql(databaseUrl as string, ["-c", "ANALYZE"]);
+    }
+    const hostCounts = async () =>
+      (await platform.read((sql) => sql.query<{ n: number }>(`SELECT alloc_instances AS n FROM nodes WHERE pool_id = $1 ORDER BY id`, [fx.poolId]))).map(
+        (r) => r.n,
+      );
+    const spreadSince = async (before: number[]) => (await hostCounts()).map((n, i) => n - (before[i] ?? 0)).join("/");
+
+    let before = await hostCounts();
+    profile.start();
+    let cpu = cpuMeter();
+    const core = await closedLoop(c, args.seconds, coreCreate("core"));
     const coreCpu = cpu(core.done);
     const coreProfile = profile.report(core.done);
     line(

@@ -11,9 +11,14 @@
 -- setval, under the lock that every caller takes) is exactly as long as the events it numbers.
 CREATE INDEX "instance_events_unpositioned_idx" ON "instance_events" ("id") WHERE "position" IS NULL;
 
+--
+-- Its statements are planned once per connection and kept. Planned while the table is small (a new
+-- deployment, or statistics not yet refreshed after a burst), they would scan it whole for as long as the
+-- connection lives; every one of them is a lookup by the primary key or the partial index, so the function
+-- plans with sequential scans off.
 CREATE OR REPLACE FUNCTION "sequence_instance_events"(wanted BIGINT[], sweep BOOLEAN DEFAULT false)
 RETURNS TABLE ("id" BIGINT, "position" BIGINT)
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SET enable_seqscan = off AS $$
 BEGIN
   -- Nothing to wait for when the wanted events were positioned already (by another writer's call).
   IF (CASE WHEN sweep THEN EXISTS (SELECT 1 FROM instance_events i WHERE i."position" IS NULL)

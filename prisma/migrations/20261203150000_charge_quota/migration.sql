@@ -6,9 +6,13 @@
 -- statement again: for admission's one statement, a dozen CTEs for each wait. Inside a function the UPDATE
 -- is its own small plan, and that is all a recheck sets up. Same guard as before: a row is raised only within
 -- its limit, and fewer rows returned than asked means a limit was hit.
+--
+-- The UPDATE finds the tenant's rows by the primary key. Planned once per connection and kept, it would otherwise
+-- scan the whole table for as long as the connection lives if planned while the table looked small, and these
+-- are the rows every create of the tenant rewrites: their old versions pile up between vacuums.
 CREATE FUNCTION "charge_quota"(tenant TEXT, resources TEXT[], amounts BIGINT[], go BOOLEAN DEFAULT true)
 RETURNS SETOF TEXT
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SET enable_seqscan = off AS $$
 BEGIN
   IF go THEN
     RETURN QUERY
