@@ -195,7 +195,9 @@ export async function startServer(platform: Platform, opts: { port?: number; hos
         try {
           principal = await principalFor(platform, auth, principals);
           // Revoked while it was being checked: the revocation could not end a connection not yet registered.
-          if (hub.revokedSince(mark, principal)) throw new AppError("UNAUTHENTICATED", "credential revoked");
+          const overtaken = hub.revokedSince(mark, principal);
+          if (overtaken === "revoked") throw new AppError("UNAUTHENTICATED", "credential revoked");
+          if (overtaken === "unsure") throw new Error("more revocations arrived during the check than the hub remembers");
         } catch (e) {
           // A bad credential is final (4401); not being able to check it (the database is down) is not.
           if (isAppError(e, "UNAUTHENTICATED")) socket.close(CloseCode.unauthorized, "the bearer token is unknown, expired or revoked");

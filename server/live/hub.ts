@@ -319,15 +319,15 @@ export class LiveHub {
   }
 
   /**
-   * Whether the principal's credential was revoked after `mark`: a connection checked before a revocation and
-   * registered after it would not be among the connections the revocation ended. Also true when more
-   * revocations came meanwhile than are remembered (the caller has the client authenticate again).
+   * Whether the principal's credential was revoked after `mark` ("revoked"): a connection checked before a
+   * revocation and registered after it would not be among the connections the revocation ended. "unsure" when
+   * more revocations came meanwhile than are remembered: the client should authenticate again, later.
    */
-  revokedSince(mark: number, principal: Principal | null): boolean {
+  revokedSince(mark: number, principal: Principal | null): "revoked" | "unsure" | null {
     const key = principal?.credential?.key;
-    if (!key || this.revoked === mark) return false;
-    const oldest = this.recentRevocations[0]?.n ?? this.revoked + 1;
-    return oldest > mark + 1 || this.recentRevocations.some((r) => r.n > mark && r.key === key);
+    if (!key || this.revoked === mark) return null;
+    if (this.recentRevocations.some((r) => r.n > mark && r.key === key)) return "revoked";
+    return (this.recentRevocations[0]?.n ?? this.revoked + 1) > mark + 1 ? "unsure" : null;
   }
 
   /**

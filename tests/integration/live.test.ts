@@ -291,6 +291,33 @@ describe("live connections", () => {
     }
   });
 
+  it("says which revocations overtook a check: this credential's, none, or more than it remembers", async () => {
+    const hub = await LiveHub.start(h.platform, async () => null);
+    const principal = (key: string): Principal => ({
+      identityId: key,
+      tenantId: null,
+      operator: false,
+      scopes: new Set(),
+      credential: { key, expiresAt: null },
+    });
+    try {
+      const quiet = hub.mark();
+      expect(hub.revokedSince(quiet, principal("a"))).toBeNull();
+      const before = hub.mark();
+      hub.revoke("b");
+      expect(hub.revokedSince(before, principal("a"))).toBeNull();
+      expect(hub.revokedSince(before, principal("b"))).toBe("revoked");
+      expect(hub.revokedSince(before, null)).toBeNull();
+      // More than the hub remembers came after this mark: it cannot say, so the client is to try again.
+      const long = hub.mark();
+      for (let i = 0; i < 1100; i++) hub.revoke(`other-${i}`);
+      expect(hub.revokedSince(long, principal("a"))).toBe("unsure");
+      expect(hub.revokedSince(hub.mark() - 5, principal("a"))).toBeNull();
+    } finally {
+      await hub.close();
+    }
+  });
+
   it("cuts off a slow consumer while a fast one keeps up, and the slow one resumes from its cursor", async () => {
     // Large events fill the socket buffers quickly, so the backlog reaches the server's queue.
     const { t, inst } = await tenantWithInstance(h, { userData: "x".repeat(60_000) });
