@@ -16,6 +16,7 @@ import {
 import type { Plugin } from "graphql-yoga";
 import type { Platform } from "../../infra/platform.ts";
 import type { Context } from "../context.ts";
+import { onceFor } from "../memo.ts";
 import { limitError } from "./document.ts";
 import type { Rates } from "./rates.ts";
 
@@ -87,17 +88,16 @@ function rateLimited(retryAfterMs: number, limits: Platform["config"]["limits"],
  * text) and operation. A cost reads the variables only through the arguments of fields whose cost is a function
  * of them (`first`), so requests that differ only elsewhere (each create's input) share one entry.
  */
-const costs = new WeakMap<DocumentNode, Map<string, { variables: string[]; byValues: Map<string, number> }>>();
+const costs = new WeakMap<object, Map<string, { variables: string[]; byValues: Map<string, number> }>>();
 /** Distinct values of those variables remembered per operation; past this, costs are worked out each time. */
 const COSTS_PER_OPERATION = 256;
 
 /** The operation's cost with its variables (server/schema/builder.ts says what each field costs). */
 function costOf(args: ExecutionArgs): number {
-  const perOperation = costs.get(args.document) ?? new Map<string, { variables: string[]; byValues: Map<string, number> }>();
-  costs.set(args.document, perOperation);
-  const operation = args.operationName ?? "";
-  const known = perOperation.get(operation) ?? { variables: costVariables(args.schema, args.document), byValues: new Map<string, number>() };
-  perOperation.set(operation, known);
+  const known = onceFor(costs, args.document, args.operationName ?? "", () => ({
+    variables: costVariables(args.schema, args.document),
+    byValues: new Map<string, number>(),
+  }));
   const values = (args.variableValues ?? {}) as Record<string, unknown>;
   const key = JSON.stringify(known.variables.map((v) => values[v] ?? null));
   const cached = known.byValues.get(key);

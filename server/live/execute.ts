@@ -1,4 +1,5 @@
 import { createSourceEventStream, type DocumentNode, type ExecutionArgs, type ExecutionResult, execute } from "graphql";
+import { onceFor } from "../memo.ts";
 
 /**
  * Subscriptions run on graphql-js directly rather than through the HTTP pipeline's executor, and each event is
@@ -66,7 +67,7 @@ export async function subscribeShared(
   const events = source as AsyncIterableIterator<unknown>;
   const resolve = (event: unknown): Promise<ExecutionResult> => {
     if (typeof event !== "object" || event === null) return Promise.resolve(mask(execute({ ...args, rootValue: event }) as ExecutionResult));
-    return perEvent(shared, event, key, () => Promise.resolve(execute({ ...args, rootValue: event })).then(mask));
+    return onceFor(shared, event, key, () => Promise.resolve(execute({ ...args, rootValue: event })).then(mask));
   };
   const finish = () => {
     // No frame after this: graphql-ws has forgotten the id (the client completed it, or it ended).
@@ -104,23 +105,8 @@ export async function subscribeShared(
 
 /** The serialised result of one event for one request key (see Frames), computed once. */
 function payloadOf(event: object, key: string, args: ExecutionArgs, mask: Mask): string | Promise<string> {
-  return perEvent(payloads, event, key, () => {
+  return onceFor(payloads, event, key, () => {
     const result = execute({ ...args, rootValue: event });
     return result instanceof Promise ? result.then((r) => JSON.stringify(mask(r))) : JSON.stringify(mask(result));
   });
-}
-
-/** What `make` gives for an event object and a request key, made once while the event object lives. */
-function perEvent<T>(cache: WeakMap<object, Map<string, T>>, event: object, key: string, make: () => T): T {
-  let byKey = cache.get(event);
-  if (!byKey) {
-    byKey = new Map();
-    cache.set(event, byKey);
-  }
-  let value = byKey.get(key);
-  if (value === undefined) {
-    value = make();
-    byKey.set(key, value);
-  }
-  return value;
 }
