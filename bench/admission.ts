@@ -55,8 +55,11 @@ async function writeSet(clients: number, seconds: number) {
         script: join(import.meta.dirname, "admission-write-set.sql"),
         define: { n, hosts: args.nodes, tenants: args.tenants, vcpus: SMALL.vcpus, memory_mib: SMALL.memoryMib, disk_gib: SMALL.diskGib },
       });
-    const warmed = args.warm > 0 ? writes(0, args.warm).processed : 0;
-    if (args.warm > 0) psql(db.url, ["-c", "ANALYZE"]);
+    let warmed = 0;
+    if (args.warm > 0) {
+      warmed = writes(0, args.warm).processed;
+      psql(db.url, ["-c", "ANALYZE"]);
+    }
     const machine0 = machineCpu();
     const run = writes(1_000_000_000, seconds);
     const cpuMs = ((machineCpu() - machine0) * 1000) / run.processed;

@@ -28,10 +28,10 @@ export function chargeRows(charge: Charge): { resources: string[]; amounts: numb
 export const needsUsageRows = (resources: readonly string[]) => resources.some((r) => !(SCALAR_RESOURCES as readonly string[]).includes(r));
 
 /**
- * The guarded UPDATE that charges: a row is only raised while it stays within its limit, and the row locks
- * serialise a tenant's concurrent creates (the WHERE is re-checked after a lock wait). Returns the resources it
- * raised; fewer than asked means a limit was hit. `tenant`, `resources`, `amounts` are the placeholders; nothing
- * is charged where `guard` is false.
+ * The guarded charge (the `charge_quota` function, migration `charge_quota`): a row is only raised while it stays
+ * within its limit, and the row locks serialise a tenant's concurrent creates (the WHERE is re-checked after a
+ * lock wait). Returns the resources it raised; fewer than asked means a limit was hit. `tenant`, `resources`,
+ * `amounts` are the placeholders; nothing is charged where `guard` is false.
  */
 export const chargeSql = (tenant: string, resources: string, amounts: string, guard = "true") =>
   `SELECT c AS resource FROM charge_quota(${tenant}::text, ${resources}::text[], ${amounts}::bigint[], ${guard}) c`;

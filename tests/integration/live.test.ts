@@ -30,6 +30,15 @@ type Ev = {
   version: number;
   instance: { id: string; state: string };
 };
+/** Someone holding a revocable credential named `key`, for a hub driven directly. */
+const credentialOf = (key: string): Principal => ({
+  identityId: key,
+  tenantId: null,
+  operator: false,
+  scopes: new Set(),
+  credential: { key, expiresAt: null },
+});
+
 const EVENTS = `subscription($poolId: ID, $projectId: ID, $after: String) { instanceEvents(poolId: $poolId, projectId: $projectId, after: $after) { ${EVENT_FIELDS} } }`;
 const CHANGED = `subscription($id: ID!, $after: String) { instanceChanged(id: $id, after: $after) { ${EVENT_FIELDS} } }`;
 
@@ -215,19 +224,12 @@ describe("live connections", () => {
     // Stands in for the database: "live" still works, "dead" was revoked without the message arriving.
     const hub = await LiveHub.start(h.platform, async (bearer) => {
       checked.push(bearer);
-      return bearer === "live" ? principal("live") : null;
-    });
-    const principal = (key: string): Principal => ({
-      identityId: key,
-      tenantId: null,
-      operator: false,
-      scopes: new Set(),
-      credential: { key, expiresAt: null },
+      return bearer === "live" ? credentialOf("live") : null;
     });
     const closed: Record<string, number[]> = { live: [], dead: [] };
     try {
       for (const bearer of ["live", "dead"])
-        for (let i = 0; i < 50; i++) hub.connect({ close: (code) => closed[bearer]?.push(code), send: () => {}, readyState: 1 }, principal(bearer), bearer);
+        for (let i = 0; i < 50; i++) hub.connect({ close: (code) => closed[bearer]?.push(code), send: () => {}, readyState: 1 }, credentialOf(bearer), bearer);
       // One pass (LIVE_REAUTH_MS is 500 here) ends every connection on the dead credential...
       await expect.poll(() => closed.dead, { timeout: 5000, interval: 20 }).toEqual(Array(50).fill(4401));
       expect(closed.live).toEqual([]);
@@ -293,26 +295,19 @@ describe("live connections", () => {
 
   it("says which revocations overtook a check: this credential's, none, or more than it remembers", async () => {
     const hub = await LiveHub.start(h.platform, async () => null);
-    const principal = (key: string): Principal => ({
-      identityId: key,
-      tenantId: null,
-      operator: false,
-      scopes: new Set(),
-      credential: { key, expiresAt: null },
-    });
     try {
       const quiet = hub.mark();
-      expect(hub.revokedSince(quiet, principal("a"))).toBeNull();
+      expect(hub.revokedSince(quiet, credentialOf("a"))).toBeNull();
       const before = hub.mark();
       hub.revoke("b");
-      expect(hub.revokedSince(before, principal("a"))).toBeNull();
-      expect(hub.revokedSince(before, principal("b"))).toBe("revoked");
+      expect(hub.revokedSince(before, credentialOf("a"))).toBeNull();
+      expect(hub.revokedSince(before, credentialOf("b"))).toBe("revoked");
       expect(hub.revokedSince(before, null)).toBeNull();
       // More than the hub remembers came after this mark: it cannot say, so the client is to try again.
       const long = hub.mark();
       for (let i = 0; i < 1100; i++) hub.revoke(`other-${i}`);
-      expect(hub.revokedSince(long, principal("a"))).toBe("unsure");
-      expect(hub.revokedSince(hub.mark() - 5, principal("a"))).toBeNull();
+      expect(hub.revokedSince(long, credentialOf("a"))).toBe("unsure");
+      expect(hub.revokedSince(hub.mark() - 5, credentialOf("a"))).toBeNull();
     } finally {
       await hub.close();
     }
