@@ -175,6 +175,12 @@ const schema = z.object({
       directives: z.coerce.number().int().min(0).default(20),
       /** Cost budget of one operation: every field 1, what a list holds counted as many times as its size (`first`, else 10). */
       cost: z.coerce.number().int().min(1).default(50_000),
+      /** Bytes of one HTTP request's body (a host's report, an exec's stdin); a larger one is refused unread (413). */
+      bodyBytes: z.coerce
+        .number()
+        .int()
+        .min(1024)
+        .default(8 * 1024 * 1024),
       /** Mutations in one request (the SDK sends one). */
       mutations: z.coerce.number().int().min(1).default(5),
       /** Points each credential (anonymous callers: each address) may spend per window; a request costs 1 + cost/1000. 0: no rate limit. */
@@ -277,6 +283,7 @@ export function readEnv(env: NodeJS.ProcessEnv): Record<string, unknown> {
       directives: env.LIMIT_DIRECTIVES,
       cost: env.LIMIT_COST,
       mutations: env.LIMIT_MUTATIONS,
+      bodyBytes: env.LIMIT_BODY_BYTES,
       ratePoints: env.LIMIT_RATE_POINTS,
       rateWindowSeconds: env.LIMIT_RATE_WINDOW_S,
       apiConnections: env.LIMIT_API_CONNECTIONS,

@@ -10,6 +10,7 @@ import type { Principal } from "../core/auth/principal.ts";
 import { pendingMigrations } from "../infra/db/migrate.ts";
 import type { Platform } from "../infra/platform.ts";
 import { noteCode, operationOf, operationOnScope, type RequestScope, SocketLog, withAccessLog } from "./access.ts";
+import { bodyAllowed } from "./body.ts";
 import type { Context } from "./context.ts";
 import { dashboard, defaultDashboardDir } from "./dashboard.ts";
 import { asInvalidInput, toClientError } from "./errors.ts";
@@ -99,6 +100,8 @@ export async function startServer(platform: Platform, opts: { port?: number; hos
     schema,
     graphqlEndpoint: "/graphql",
     landingPage: false,
+    // Bounded before yoga sees the request, more cheaply than yoga does it (server/body.ts).
+    maxRequestBodySize: false,
     graphiql: { title: "Better Compute" },
     plugins: [...limits.plugins, invalidInputCodes, requestErrors as Plugin, operationOnScope as Plugin, metrics.plugin],
     // Refusals are answers, not faults: yoga's own logging would print each one; ours logs the unexpected.
@@ -174,6 +177,7 @@ export async function startServer(platform: Platform, opts: { port?: number; hos
         principalFor(credentialChecker(platform, req.headers.authorization ?? null), req.headers.authorization, principals),
       );
     if (await site(req, res, path)) return;
+    if (!bodyAllowed(req, res, platform.config.limits.bodyBytes)) return;
     return yoga.handle(req, res, { scope });
   };
   const server = createServer(withAccessLog(platform.log, handle));

@@ -1,3 +1,4 @@
+import { request as httpRequest } from "node:http";
 import pg from "pg";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { Gate, hostLane } from "../../infra/db/lanes.ts";
@@ -148,6 +149,58 @@ describe("what one request may cost (default limits)", () => {
     expect(viaGet.errors?.[0]?.message).toMatch(/POST/);
     expect(codeOf(await post(h.url, { query: "{ viewer { " }, t.token))).toBe("INVALID_INPUT");
     expect(await h.platform.db.prisma.instance.count({ where: { tenantId: t.id } })).toBe(0);
+  });
+});
+
+/** A POST over node:http, its body declared (content-length) or sent in chunks (transfer-encoding: chunked). */
+function rawPost(url: string, token: string, chunks: string[], declared: boolean): Promise<Reply & { connection: string | undefined }> {
+  const length = Buffer.byteLength(chunks.join(""));
+  return new Promise((resolve, reject) => {
+    const req = httpRequest(
+      url,
+      { method: "POST", headers: { "content-type": "application/json", authorization: `Bearer ${token}`, ...(declared ? { "content-length": length } : {}) } },
+      (res) => {
+        const parts: Buffer[] = [];
+        res.on("data", (c: Buffer) => parts.push(c));
+        res.on("end", () =>
+          resolve({ status: res.statusCode ?? 0, retryAfter: null, connection: res.headers.connection, ...JSON.parse(Buffer.concat(parts).toString()) }),
+        );
+      },
+    );
+    // A refusal may close the connection before the whole body is written.
+    req.on("error", (e: NodeJS.ErrnoException) => (e.code === "EPIPE" || e.code === "ECONNRESET" ? undefined : reject(e)));
+    for (const c of chunks) req.write(c);
+    req.end();
+  });
+}
+
+describe("what one request's body may be", () => {
+  let h: Harness;
+  beforeAll(async () => {
+    h = await startHarness({ LIMIT_BODY_BYTES: "4096" });
+  });
+  afterAll(() => h?.close());
+
+  it("answers a body up to limits.bodyBytes; refuses a longer one (413) or one of undeclared length (411) unread, with INVALID_INPUT, and writes nothing", async () => {
+    const t = await h.tenant();
+    const pool = await h.hostedPool();
+    const input = `{ poolId: "${pool.poolId}", flavor: "small", imageId: "${pool.imageId}", idempotencyKey: "body" }`;
+    /** A create whose JSON body is exactly `bytes` long. */
+    const createOf = (bytes: number) => {
+      const body = (pad: string) => JSON.stringify({ query: `mutation {${pad} createInstance(input: ${input}) { id } }` });
+      return body(" ".repeat(bytes - Buffer.byteLength(body(""))));
+    };
+    const over = await rawPost(h.url, t.token, [createOf(4097)], true);
+    expect([over.status, codeOf(over), over.errors?.[0]?.extensions?.limit, over.connection]).toEqual([413, "INVALID_INPUT", "bodyBytes", "close"]);
+    expect(over.errors?.[0]?.message).toMatch(/larger than 4096 bytes/);
+    const body = createOf(4096);
+    const chunked = await rawPost(h.url, t.token, [body.slice(0, 100), body.slice(100)], false);
+    expect([chunked.status, codeOf(chunked), chunked.connection]).toEqual([411, "INVALID_INPUT", "close"]);
+    expect(chunked.errors?.[0]?.message).toMatch(/content-length/);
+    expect(await h.platform.db.prisma.instance.count({ where: { tenantId: t.id } })).toBe(0);
+    const atLimit = await rawPost(h.url, t.token, [body], true);
+    expect([atLimit.status, codeOf(atLimit)]).toEqual([200, "ANSWERED"]);
+    expect(await h.platform.db.prisma.instance.count({ where: { tenantId: t.id } })).toBe(1);
   });
 });
 
