@@ -18,7 +18,9 @@
  * Both sides start warm, as a database in service is: `warm` seconds of the same writes, then ANALYZE, so that
  * neither is planned from statistics taken while its tables were empty (PostgreSQL keeps a connection's plans,
  * foreign-key checks' included, until statistics change; autovacuum would refresh them within a minute, after
- * the phase). `--warm 0` measures from empty tables instead.
+ * the phase). The API phase also creates through the API for `warm` seconds before it is measured, as a server
+ * in service has run its code before: V8 compiles what turns hot, on the process's CPU. `--warm 0` measures
+ * from empty tables and cold code instead.
  *
  * Prints creates/s for each, core and API as ratios of the write set, and what the platform sent PostgreSQL
  * per create (statements and where their time went). `--insert 1` adds pgbench's single-row INSERT, the
@@ -150,16 +152,23 @@ interface ClientPlan {
   tokens: string[];
   poolId: string;
   imageId: string;
+  /** Seconds of creates before the measured loop. */
+  warm: number;
 }
 /** Set in the client process this bench forks for the API phase. */
 const ROLE = "ADMISSION_CLIENTS";
 
-/** The API phase's closed loop, run by a child process of this bench (the same file, under the same loader). */
-function apiClients(plan: ClientPlan): Promise<LoopResult> {
+/**
+ * The API phase's closed loop, run by a child process of this bench (the same file, under the same loader).
+ * With `plan.warm`, the clients first create for that long and the measure starts after (`measure`), so that
+ * neither the client's loading nor either process's compiling of code not yet run counts in it.
+ */
+function apiClients(plan: ClientPlan, measure: () => Promise<void>): Promise<LoopResult> {
   const child = fork(fileURLToPath(import.meta.url), process.argv.slice(2), { env: { ...process.env, [ROLE]: "1" } });
   return new Promise((resolve, reject) => {
     child.once("exit", (code) => reject(new Error(`the client process exited (${code})`)));
-    child.on("message", (m: LoopResult) => {
+    child.on("message", (m: LoopResult | "warm") => {
+      if (m === "warm") return void measure().then(() => child.send("go"), reject);
       resolve(m);
       child.kill();
     });
@@ -170,12 +179,16 @@ function apiClients(plan: ClientPlan): Promise<LoopResult> {
 async function clientProcess() {
   const plan = await new Promise<ClientPlan>((resolve) => process.once("message", (m) => resolve(m as ClientPlan)));
   const clients = plan.tokens.map((token) => createClient({ url: plan.url, token }));
-  const cpu0 = process.cpuUsage();
-  const result = await closedLoop(clients.length, args.seconds, async (i, n) => {
+  const create = (phase: string) => async (i: number, n: number) => {
     await (clients[i] as (typeof clients)[number]).request(CreateInstanceDocument, {
-      input: { poolId: plan.poolId, flavor: "small", imageId: plan.imageId, idempotencyKey: `api-${n}` },
+      input: { poolId: plan.poolId, flavor: "small", imageId: plan.imageId, idempotencyKey: `${phase}-${n}` },
     });
-  });
+  };
+  if (plan.warm > 0) await closedLoop(clients.length, plan.warm, create("api-warm"));
+  await new Promise((sent) => process.send?.("warm", sent));
+  await new Promise((go) => process.once("message", go));
+  const cpu0 = process.cpuUsage();
+  const result = await closedLoop(clients.length, args.seconds, create("api"));
   const cpu = process.cpuUsage(cpu0);
   await new Promise((sent) => process.send?.({ ...result, cpuSeconds: (cpu.user + cpu.system) / 1e6 }, sent));
 }
@@ -269,12 +282,14 @@ async function run() {
     console.log(coreProfile);
 
     const app = await startServer(platform, { port: 0, host: "127.0.0.1" });
-    before = await hostCounts();
-    profile.start();
-    cpu = cpuMeter();
     // The clients run in a process of their own, as callers of a server do: their HTTP and JSON work is not the
     // server's, and would otherwise take turns with it on this process's one thread.
-    const api = await apiClients({ url: app.url, tokens: Array.from({ length: c }, (_, i) => tenantOf(i).token), poolId: fx.poolId, imageId: fx.imageId });
+    const tokens = Array.from({ length: c }, (_, i) => tenantOf(i).token);
+    const api = await apiClients({ url: app.url, tokens, poolId: fx.poolId, imageId: fx.imageId, warm: args.warm }, async () => {
+      before = await hostCounts();
+      profile.start();
+      cpu = cpuMeter();
+    });
     const apiCpu = cpu(api.done, api.cpuSeconds);
     const apiProfile = profile.report(api.done);
     line(
