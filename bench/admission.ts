@@ -49,12 +49,20 @@ async function writeSet(clients: number, seconds: number) {
   const db = await scratchDatabase("bc_writeset");
   try {
     psql(db.url, ["-v", `hosts=${args.nodes}`, "-v", `tenants=${args.tenants}`, "-f", join(import.meta.dirname, "admission-write-set.setup.sql")]);
+    // Index scans only, as the platform's charge_quota plans: a join that scans the tenant's usage rows in heap
+    // order (once ANALYZE has seen how few they are; a connection replans mid-run when autovacuum analyzes) takes
+    // them in a different order from one that probes them by key, two such charges deadlock, and every client
+    // then waits out deadlock_timeout behind the hot rows (seen: a write set at 22-50 tps instead of 600).
+    psql(db.url, ["-c", `ALTER DATABASE "${db.name}" SET enable_seqscan = off`, "-c", `ALTER DATABASE "${db.name}" SET enable_bitmapscan = off`]);
     // `n` numbers each client's creates: the measured run counts on from far past the warm-up's.
     const writes = (n: number, secs: number) =>
       pgbench(db.url, {
         clients,
         seconds: secs,
         script: join(import.meta.dirname, "admission-write-set.sql"),
+        // A transaction PostgreSQL fails as a deadlock is run again, as the platform's write runner does, rather
+        // than ending its client; the line says how many there were (the script takes hot rows in one order).
+        maxTries: 4,
         define: { n, hosts: args.nodes, tenants: args.tenants, vcpus: SMALL.vcpus, memory_mib: SMALL.memoryMib, disk_gib: SMALL.diskGib },
       });
     let warmed = 0;
@@ -222,7 +230,7 @@ async function run() {
     line(
       `pgbench, least write set (${when}):`,
       ws.tps,
-      `tps        latency avg ${ws.latencyMs.toFixed(1)} ms  hosts ${ws.spread}  CPU ${ws.cpuMs.toFixed(2)} ms a transaction`,
+      `tps        latency avg ${ws.latencyMs.toFixed(1)} ms  hosts ${ws.spread}  CPU ${ws.cpuMs.toFixed(2)} ms a transaction${ws.retried ? `  retried after a deadlock ${ws.retried}` : ""}`,
     );
     return ws.tps;
   };
@@ -301,12 +309,18 @@ async function run() {
     console.log(apiProfile);
     await app.close();
 
-    const limit = (first + (await writeSetRun("after"))) / 2;
+    const last = await writeSetRun("after");
+    const limit = (first + last) / 2;
     const coreRatio = core.perSecond / limit;
     const apiRatio = api.perSecond / limit;
+    // The mean evens out a drift; a limit that fell or rose by half within the run says the machine was not
+    // steady (something else held the CPU or the disk for a phase), and no ratio of it means anything.
+    const steady = Math.min(first, last) >= Math.max(first, last) / 2;
     console.log(
       `ratio of the write set (mean ${limit.toFixed(0)} tps): core ${coreRatio.toFixed(2)}, API ${apiRatio.toFixed(2)}  ` +
-        `(goal: API >= ${GOAL} — ${apiRatio >= GOAL ? "met" : "NOT met"})`,
+        (steady
+          ? `(goal: API >= ${GOAL} — ${apiRatio >= GOAL ? "met" : "NOT met"})`
+          : `(not judged: the write set ran at ${first.toFixed(0)} and then ${last.toFixed(0)} tps; the machine was not steady, run again)`),
     );
   } finally {
     await close();

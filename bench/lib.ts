@@ -33,7 +33,10 @@ export function psql(databaseUrl: string, args: string[]): string {
 }
 
 /** Run pgbench (no vacuum of its own tables, prepared statements) and read its result. */
-export function pgbench(databaseUrl: string, opts: { clients: number; seconds: number; script: string; define?: Record<string, string | number> }) {
+export function pgbench(
+  databaseUrl: string,
+  opts: { clients: number; seconds: number; script: string; define?: Record<string, string | number>; maxTries?: number },
+) {
   const name = decodeURIComponent(new URL(databaseUrl).pathname.slice(1));
   const defines = Object.entries(opts.define ?? {}).flatMap(([k, v]) => ["-D", `${k}=${v}`]);
   const out = execFileSync(
@@ -49,6 +52,7 @@ export function pgbench(databaseUrl: string, opts: { clients: number; seconds: n
       String(Math.min(opts.clients, 2)),
       "-T",
       String(opts.seconds),
+      ...(opts.maxTries ? [`--max-tries=${opts.maxTries}`] : []),
       ...defines,
       "-f",
       opts.script,
@@ -60,7 +64,8 @@ export function pgbench(databaseUrl: string, opts: { clients: number; seconds: n
   const processed = /number of transactions actually processed: (\d+)/.exec(out)?.[1];
   const latency = /latency average = ([0-9.]+) ms/.exec(out)?.[1];
   if (!tps || !processed) throw new Error(`could not read pgbench's result:\n${out}`);
-  return { tps: Number(tps), processed: Number(processed), latencyMs: Number(latency) };
+  const retried = /number of transactions retried: (\d+)/.exec(out)?.[1];
+  return { tps: Number(tps), processed: Number(processed), latencyMs: Number(latency), retried: Number(retried ?? 0) };
 }
 
 /**
