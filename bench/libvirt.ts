@@ -22,7 +22,7 @@ import { detectDomainType } from "../agent/runtimes/libvirt-kvm/host.ts";
 import { createLibvirtRuntime, makeOverlay, openLibvirt, writeSeedIso } from "../agent/runtimes/libvirt-kvm/index.ts";
 import * as bc from "../sdk/client.ts";
 import { buildGuest } from "../tests/kvm/guest.ts";
-import { guestSaid, loopbackSources, makeBridge, openPath, serveFiles, tinySpec } from "../tests/kvm/support.ts";
+import { guestSaid, loopbackSources, makeBridge, openPath, serveFiles, tinySpec, virsh } from "../tests/kvm/support.ts";
 import { benchApi, benchArgs, percentile } from "./lib.ts";
 
 const args = benchArgs({ runs: 5, warm: 200 });
@@ -252,6 +252,13 @@ async function run_() {
         `pause +${ms(cold.pause - of(b, "pause"))}, resume +${ms(cold.resume - of(b, "resume"))}`,
     );
   } finally {
+    // A run that failed half-way leaves its domains behind, and a TCG guest left running would weigh on every
+    // later measurement on this machine: whatever has a disk in this run's directory goes.
+    for (const name of (await virsh("list", "--all", "--name")).split("\n").filter(Boolean))
+      if ((await virsh("domblklist", name).catch(() => "")).includes(dir)) {
+        await virsh("destroy", name).catch(() => "");
+        await virsh("undefine", name).catch(() => "");
+      }
     await bridge.remove();
     rmSync(dir, { recursive: true, force: true });
   }
