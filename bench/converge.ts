@@ -28,8 +28,8 @@ async function platformWithHosts() {
   const dir = mkdtempSync(join(tmpdir(), "bc-conv-"));
   const api = await benchApi({
     poolSize: 12,
-    // One client sends four requests a round, back to back: a budget no round trip nears (the check itself,
-    // a round trip to Redis, stays on every request, as deployed).
+    // One client sends four requests a round, back to back: a budget no round trip nears (the limiter runs as
+    // deployed, its points reserved from Redis a slice at a time).
     env: {
       RECONCILE_SWEEP_MS: "1000",
       LIMIT_RATE_POINTS: "1000000",
