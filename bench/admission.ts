@@ -35,7 +35,7 @@ import { admitInstance } from "../core/instances/admission.ts";
 import { CreateInstanceDocument, createClient } from "../sdk/client.ts";
 import { startServer } from "../server/app.ts";
 import { admissionDeps, hostedFixture, SMALL } from "./fixture.ts";
-import { benchArgs, benchPlatform, closedLoop, machineCpu, pgbench, pgbenchInsertTps, psql, scratchDatabase } from "./lib.ts";
+import { benchArgs, benchPlatform, closedLoop, exitWhenDone, machineCpu, pgbench, pgbenchInsertTps, psql, scratchDatabase } from "./lib.ts";
 
 const args = benchArgs({ clients: 16, seconds: 10, nodes: 3, tenants: 1, insert: 0, "api-connections": 0, statements: 6, warm: 2 });
 const GOAL = 0.5;
@@ -327,10 +327,4 @@ async function run() {
   }
 }
 
-(process.env[ROLE] ? clientProcess() : run()).then(
-  () => process.exit(0),
-  (e) => {
-    console.error(e);
-    process.exit(1);
-  },
-);
+exitWhenDone(process.env[ROLE] ? clientProcess() : run());

@@ -86,6 +86,17 @@ export async function pgbenchInsertTps(clients: number, seconds: number): Promis
   }
 }
 
+/** A bench's end: exit 0 once `main` is done, or print its error and exit 1 (child processes and sockets may linger). */
+export function exitWhenDone(main: Promise<unknown>): void {
+  main.then(
+    () => process.exit(0),
+    (e) => {
+      console.error(e);
+      process.exit(1);
+    },
+  );
+}
+
 /** CPU seconds a process has used (user + system), from /proc. */
 export const cpuOf = (pid: number) => {
   const f = readFileSync(`/proc/${pid}/stat`, "utf8").split(") ")[1]?.split(" ") ?? [];

@@ -17,7 +17,7 @@ import { CreateInstanceDocument } from "../sdk/client.ts";
 import { post } from "../sdk/node-post.ts";
 import { startServer } from "../server/app.ts";
 import { hostedFixture } from "./fixture.ts";
-import { benchArgs, benchPlatform, closedLoop, psql } from "./lib.ts";
+import { benchArgs, benchPlatform, closedLoop, exitWhenDone, psql } from "./lib.ts";
 
 const args = benchArgs({ clients: 16, seconds: 6, warm: 3 });
 const KINDS = ["healthz", "typename", "viewer", "create"] as const;
@@ -98,10 +98,4 @@ async function run() {
   }
 }
 
-(process.env[ROLE] ? clientProcess() : run()).then(
-  () => process.exit(0),
-  (e) => {
-    console.error(e);
-    process.exit(1);
-  },
-);
+exitWhenDone(process.env[ROLE] ? clientProcess() : run());
