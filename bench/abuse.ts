@@ -21,7 +21,7 @@ import { Worker } from "node:worker_threads";
 import { startAgent } from "../agent/index.ts";
 import { createFakeRuntime } from "../agent/runtimes/fake/index.ts";
 import * as bc from "../sdk/client.ts";
-import { benchApi, benchArgs, percentile } from "./lib.ts";
+import { benchApi, benchArgs, exitWhenDone, percentile } from "./lib.ts";
 
 const args = benchArgs({
   hosts: 3,
@@ -177,9 +177,4 @@ async function run() {
   rmSync(dir, { recursive: true, force: true });
 }
 
-run()
-  .then(() => process.exit(0))
-  .catch((e) => {
-    console.error(e);
-    process.exit(1);
-  });
+exitWhenDone(run());

@@ -11,7 +11,7 @@ import { type ChildProcess, execFileSync, spawn } from "node:child_process";
 import { mkdtempSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
-import { benchArgs, rssOf } from "./lib.ts";
+import { benchArgs, exitWhenDone, rssOf } from "./lib.ts";
 
 const args = benchArgs({ compiled: 1, "settle-ms": 3000 });
 const mib = (b: number) => (b / 2 ** 20).toFixed(1);
@@ -97,10 +97,4 @@ async function run() {
   }
 }
 
-run().then(
-  () => process.exit(0),
-  (e) => {
-    console.error(e);
-    process.exit(1);
-  },
-);
+exitWhenDone(run());

@@ -23,7 +23,7 @@ import { createLibvirtRuntime, makeOverlay, openLibvirt, writeSeedIso } from "..
 import * as bc from "../sdk/client.ts";
 import { buildGuest } from "../tests/kvm/guest.ts";
 import { guestSaid, loopbackSources, makeBridge, openPath, serveFiles, tinySpec, virsh } from "../tests/kvm/support.ts";
-import { benchApi, benchArgs, percentile } from "./lib.ts";
+import { benchApi, benchArgs, exitWhenDone, percentile } from "./lib.ts";
 
 const args = benchArgs({ runs: 5, warm: 200 });
 const median = (xs: number[]) =>
@@ -264,10 +264,4 @@ async function run_() {
   }
 }
 
-run_().then(
-  () => process.exit(0),
-  (e) => {
-    console.error(e);
-    process.exit(1);
-  },
-);
+exitWhenDone(run_());

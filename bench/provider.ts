@@ -15,7 +15,7 @@ import { hetznerCloud } from "../providers/hetzner-cloud/index.ts";
 import * as bc from "../sdk/client.ts";
 import { startServer } from "../server/app.ts";
 import { startWorker } from "../worker/index.ts";
-import { benchArgs, benchPlatform, percentile } from "./lib.ts";
+import { benchArgs, benchPlatform, exitWhenDone, percentile } from "./lib.ts";
 
 const args = benchArgs({ instances: 20, "action-ms": 2000, pg: 0 });
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
@@ -98,10 +98,4 @@ async function run() {
   }
 }
 
-run().then(
-  () => process.exit(0),
-  (e) => {
-    console.error(e);
-    process.exit(1);
-  },
-);
+exitWhenDone(run());

@@ -20,7 +20,7 @@ import { join } from "node:path";
 import { startAgent } from "../agent/index.ts";
 import { createFakeRuntime } from "../agent/runtimes/fake/index.ts";
 import * as bc from "../sdk/client.ts";
-import { benchApi, benchArgs, percentile } from "./lib.ts";
+import { benchApi, benchArgs, exitWhenDone, percentile } from "./lib.ts";
 
 const args = benchArgs({ rounds: 30, warm: 4, hosts: 2, pg: 0, libvirt: 0 });
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
@@ -103,10 +103,4 @@ async function run() {
   }
 }
 
-(args.libvirt ? import("./sandbox-libvirt.ts").then((m) => m.libvirtBench(args.rounds)) : run()).then(
-  () => process.exit(0),
-  (e) => {
-    console.error(e);
-    process.exit(1);
-  },
-);
+exitWhenDone(args.libvirt ? import("./sandbox-libvirt.ts").then((m) => m.libvirtBench(args.rounds)) : run());

@@ -7,7 +7,7 @@
  * server (the least any metering must do). Prints both per round's p50 and their ratio.
  */
 import { closeWindow, WINDOW_MS } from "../core/books/usage.ts";
-import { benchArgs, benchPlatform, percentile } from "./lib.ts";
+import { benchArgs, benchPlatform, exitWhenDone, percentile } from "./lib.ts";
 
 const args = benchArgs({ spans: 10_000, rounds: 5 });
 const p50 = (xs: number[]) =>
@@ -65,10 +65,4 @@ async function run() {
   }
 }
 
-run().then(
-  () => process.exit(0),
-  (e) => {
-    console.error(e);
-    process.exit(1);
-  },
-);
+exitWhenDone(run());
