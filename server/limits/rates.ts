@@ -69,15 +69,19 @@ export async function openRates(config: Pick<Config, "limits" | "redisUrl" | "re
     sweepAt = Math.max(4096, 2 * held.size);
   };
 
+  /** What `caller` holds to spend at `now`: a hold from an ended window is void (its key has expired). */
+  const holding = (caller: string, now: number) => {
+    const h = held.get(caller);
+    return h && h.until > now ? h.left : 0;
+  };
+
   const reserve = async (caller: string, points: number): Promise<{ retryAfterMs: number } | null> => {
     const now = Date.now();
-    const h = held.get(caller);
-    const left = h && h.until > now ? h.left : 0;
-    const need = points - left;
+    const need = points - holding(caller, now);
     const [granted, ttl] = await redis.bcReserve(`${config.redisPrefix}:rate:${caller}`, need, Math.max(need, slice), ratePoints, windowMs);
     if (granted === 0) return { retryAfterMs: Math.max(1, ttl) };
-    // A hold from an ended window is void: its points were counted in a key that has expired.
-    held.set(caller, { left: (h && h.until > now ? h.left : 0) + granted, until: now + ttl });
+    // Read again: requests that found enough may have spent from the hold while Redis answered.
+    held.set(caller, { left: holding(caller, now) + granted, until: now + ttl });
     if (held.size > sweepAt) sweep(now);
     return null;
   };
