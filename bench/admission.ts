@@ -35,7 +35,19 @@ import { admitInstance } from "../core/instances/admission.ts";
 import { CreateInstanceDocument, createClient } from "../sdk/client.ts";
 import { startServer } from "../server/app.ts";
 import { admissionDeps, hostedFixture, SMALL } from "./fixture.ts";
-import { benchArgs, benchPlatform, closedLoop, exitWhenDone, machineCpu, pgbench, pgbenchInsertTps, psql, scratchDatabase } from "./lib.ts";
+import {
+  benchArgs,
+  benchPlatform,
+  childPhase,
+  closedLoop,
+  exitWhenDone,
+  machineCpu,
+  pgbench,
+  pgbenchInsertTps,
+  psql,
+  scratchDatabase,
+  warmThenMeasure,
+} from "./lib.ts";
 
 const args = benchArgs({ clients: 16, seconds: 10, nodes: 3, tenants: 1, insert: 0, "api-connections": 0, statements: 6, warm: 2 });
 const GOAL = 0.5;
@@ -166,39 +178,22 @@ interface ClientPlan {
 /** Set in the client process this bench forks for the API phase. */
 const ROLE = "ADMISSION_CLIENTS";
 
-/**
- * The API phase's closed loop, run by a child process of this bench (the same file, under the same loader).
- * With `plan.warm`, the clients first create for that long and the measure starts after (`measure`), so that
- * neither the client's loading nor either process's compiling of code not yet run counts in it.
- */
+/** The API phase's clients: a child process of this bench (the same file, under the same loader). */
 function apiClients(plan: ClientPlan, measure: () => Promise<void>): Promise<LoopResult> {
   const child = fork(fileURLToPath(import.meta.url), process.argv.slice(2), { env: { ...process.env, [ROLE]: "1" } });
-  return new Promise((resolve, reject) => {
-    child.once("exit", (code) => reject(new Error(`the client process exited (${code})`)));
-    child.on("message", (m: LoopResult | "warm") => {
-      if (m === "warm") return void measure().then(() => child.send("go"), reject);
-      resolve(m);
-      child.kill();
-    });
-    child.send(plan);
-  });
+  return childPhase<LoopResult>(child, plan, measure).finally(() => child.kill());
 }
 
 async function clientProcess() {
   const plan = await new Promise<ClientPlan>((resolve) => process.once("message", (m) => resolve(m as ClientPlan)));
   const clients = plan.tokens.map((token) => createClient({ url: plan.url, token }));
-  const create = (phase: string) => async (i: number, n: number) => {
+  // With a warm-up, neither the client's loading nor either process's compiling of code not yet run counts.
+  const result = await warmThenMeasure(clients.length, plan.warm, args.seconds, async (i, n) => {
     await (clients[i] as (typeof clients)[number]).request(CreateInstanceDocument, {
-      input: { poolId: plan.poolId, flavor: "small", imageId: plan.imageId, idempotencyKey: `${phase}-${n}` },
+      input: { poolId: plan.poolId, flavor: "small", imageId: plan.imageId, idempotencyKey: `api-${n}` },
     });
-  };
-  if (plan.warm > 0) await closedLoop(clients.length, plan.warm, create("api-warm"));
-  await new Promise((sent) => process.send?.("warm", sent));
-  await new Promise((go) => process.once("message", go));
-  const cpu0 = process.cpuUsage();
-  const result = await closedLoop(clients.length, args.seconds, create("api"));
-  const cpu = process.cpuUsage(cpu0);
-  await new Promise((sent) => process.send?.({ ...result, cpuSeconds: (cpu.user + cpu.system) / 1e6 }, sent));
+  });
+  await new Promise((sent) => process.send?.(result, sent));
 }
 
 async function run() {

@@ -1,4 +1,4 @@
-import { execFileSync } from "node:child_process";
+import { type ChildProcess, execFileSync, type Serializable } from "node:child_process";
 import { randomBytes } from "node:crypto";
 import { mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
@@ -145,6 +145,38 @@ export async function closedLoop(clients: number, seconds: number, call: (client
   const elapsed = (performance.now() - started) / 1000;
   latencies.sort((a, b) => a - b);
   return { done: latencies.length, errors, perSecond: latencies.length / elapsed, p50: percentile(latencies, 50), p99: percentile(latencies, 99) };
+}
+
+/**
+ * A measured phase run by a bench's client process (a child, as a server's callers are): the parent sends
+ * `plan`; the child runs its calls for a warm-up, says "warm", and starts the measured loop when the parent,
+ * ready (`measure`: counters reset), says "go" (warmThenMeasure). Resolves with what the child sends back.
+ */
+export function childPhase<R>(child: ChildProcess, plan: object, measure: () => void | Promise<void>): Promise<R> {
+  return new Promise((resolve, reject) => {
+    const exited = (code: number | null) => reject(new Error(`the client process exited (${code})`));
+    const onMessage = (m: unknown) => {
+      if (m === "warm") return void Promise.resolve(measure()).then(() => child.send("go"), reject);
+      child.off("message", onMessage).off("exit", exited);
+      resolve(m as R);
+    };
+    child.on("message", onMessage).once("exit", exited);
+    child.send(plan as Serializable);
+  });
+}
+
+/**
+ * The client side of childPhase: `warm` seconds of `call` (numbered far past the measured run's), then the
+ * measured closed loop once the parent says "go", with the CPU this process spent in it.
+ */
+export async function warmThenMeasure(clients: number, warm: number, seconds: number, call: (client: number, n: number) => Promise<void>) {
+  if (warm > 0) await closedLoop(clients, warm, (i, n) => call(i, n + 1_000_000_000));
+  await new Promise((sent) => process.send?.("warm", sent));
+  await new Promise((go) => process.once("message", go));
+  const cpu0 = process.cpuUsage();
+  const result = await closedLoop(clients, seconds, call);
+  const cpu = process.cpuUsage(cpu0);
+  return { ...result, cpuSeconds: (cpu.user + cpu.system) / 1e6 };
 }
 
 /**

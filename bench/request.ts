@@ -17,7 +17,7 @@ import { CreateInstanceDocument } from "../sdk/client.ts";
 import { post } from "../sdk/node-post.ts";
 import { startServer } from "../server/app.ts";
 import { hostedFixture } from "./fixture.ts";
-import { benchArgs, benchPlatform, closedLoop, exitWhenDone, psql } from "./lib.ts";
+import { benchArgs, benchPlatform, childPhase, type closedLoop, exitWhenDone, psql, warmThenMeasure } from "./lib.ts";
 
 const args = benchArgs({ clients: 16, seconds: 6, warm: 3 });
 const KINDS = ["healthz", "typename", "viewer", "create"] as const;
@@ -50,10 +50,7 @@ async function clientProcess() {
       const r = await post(plan.url, { "content-type": "application/json", authorization: `Bearer ${plan.token}` }, JSON.stringify(body(n)));
       if (r.status !== 200 || r.text.includes('"errors"')) throw new Error(r.text);
     };
-    await closedLoop(args.clients, args.warm, (i, n) => one(i, n + 1e9));
-    await new Promise((sent) => process.send?.("warm", sent));
-    await new Promise((go) => process.once("message", go));
-    process.send?.(await closedLoop(args.clients, args.seconds, one));
+    process.send?.(await warmThenMeasure(args.clients, args.warm, args.seconds, one));
   }
 }
 
@@ -68,21 +65,14 @@ async function run() {
   try {
     let limit = 0;
     for (const kind of KINDS) {
-      const result = await new Promise<Awaited<ReturnType<typeof closedLoop>> & { cpu: NodeJS.CpuUsage }>((resolve, reject) => {
-        let cpu0 = process.cpuUsage();
-        const onMessage = (m: unknown) => {
-          if (m === "warm") {
-            // Statistics as a database in service has them (bench/admission.ts says why).
-            if (kind === "create") psql(databaseUrl as string, ["-c", "ANALYZE"]);
-            cpu0 = process.cpuUsage();
-            return void child.send("go");
-          }
-          child.off("message", onMessage);
-          resolve({ ...(m as Awaited<ReturnType<typeof closedLoop>>), cpu: process.cpuUsage(cpu0) });
-        };
-        child.on("message", onMessage).once("exit", (code) => reject(new Error(`the client process exited (${code})`)));
-        child.send({ kind, url: app.url, token: fx.tenants[0]?.token, poolId: fx.poolId, imageId: fx.imageId } satisfies Partial<Plan>);
+      let cpu0 = process.cpuUsage();
+      const plan: Plan = { kind, url: app.url, token: fx.tenants[0]?.token ?? "", poolId: fx.poolId, imageId: fx.imageId };
+      const loop = await childPhase<Awaited<ReturnType<typeof closedLoop>>>(child, plan, () => {
+        // Statistics as a database in service has them (bench/admission.ts says why).
+        if (kind === "create") psql(databaseUrl as string, ["-c", "ANALYZE"]);
+        cpu0 = process.cpuUsage();
       });
+      const result = { ...loop, cpu: process.cpuUsage(cpu0) };
       const per = (micros: number) => micros / 1000 / result.done;
       const total = per(result.cpu.user + result.cpu.system);
       if (kind === "healthz") limit = total;
