@@ -3,7 +3,7 @@ import { chmodSync, mkdirSync } from "node:fs";
 import { resolve } from "node:path";
 import { PGlite } from "@electric-sql/pglite";
 import pg from "pg";
-import type { Reader, Sql } from "../../core/kernel/db.ts";
+import type { Reader, Sql, Statement } from "../../core/kernel/db.ts";
 import type { PrismaClient } from "../../prisma/generated/client.ts";
 import { ownerOnly } from "../data-dir.ts";
 import { Gate, hostLane, type Lane } from "./lanes.ts";
@@ -52,6 +52,13 @@ function prepared(text: string, params?: readonly unknown[]): pg.QueryConfig {
   return { name, text, values: params as unknown[] };
 }
 
+/**
+ * How long a pooled connection may sit idle before it is closed. node-postgres closes one after 10 s, and the
+ * first request after a quiet spell then pays for a new backend: its start, its cold catalog caches and a
+ * PREPARE of every statement it runs again. A few idle connections cost PostgreSQL little.
+ */
+const IDLE_MS = 300_000;
+
 export interface DatabaseOptions {
   databaseUrl?: string;
   dataDir?: string;
@@ -66,7 +73,7 @@ export interface DatabaseOptions {
 /** PostgreSQL when a URL is given; otherwise PGlite, persisted under `dataDir` (or in memory for `memory://`). */
 export async function openDatabase(opts: DatabaseOptions): Promise<Database> {
   if (opts.databaseUrl) {
-    const pool = new pg.Pool({ connectionString: opts.databaseUrl, max: opts.poolSize ?? 10 });
+    const pool = new pg.Pool({ connectionString: opts.databaseUrl, max: opts.poolSize ?? 10, idleTimeoutMillis: IDLE_MS });
     // An idle connection the server drops (a restart, a failover, DROP DATABASE … FORCE) is not fatal: the pool
     // replaces it on the next checkout. Without a listener, node-postgres would crash the whole process.
     pool.on("error", (e) => opts.onIdleError?.(e));
@@ -78,7 +85,12 @@ export async function openDatabase(opts: DatabaseOptions): Promise<Database> {
     let apiPool: pg.Pool | null = null;
     const apiConnections = () => {
       if (!apiPool) {
-        apiPool = new pg.Pool({ connectionString: opts.databaseUrl, max: api.connections, statement_timeout: api.statementTimeoutMs || undefined });
+        apiPool = new pg.Pool({
+          connectionString: opts.databaseUrl,
+          max: api.connections,
+          idleTimeoutMillis: IDLE_MS,
+          statement_timeout: api.statementTimeoutMs || undefined,
+        });
         apiPool.on("error", (e) => opts.onIdleError?.(e));
       }
       return apiPool;
@@ -209,35 +221,53 @@ async function pgTransaction<T>(pool: pg.Pool, fn: (sql: Sql) => Promise<T>): Pr
   let begun = false;
   let open = false;
   let committedEarly = false;
-  /** `text` as the transaction's first statement: in one message with BEGIN when its parameters allow. */
-  const first = async (text: string, params: readonly unknown[] | undefined): Promise<pg.QueryResult> => {
-    const args = params?.length ? literals(params) : "";
-    const statement = args === null ? null : params?.length ? `EXECUTE ${await prepareOn(client, text)}(${args})` : text;
+  /** Statements (the transaction's first among them, if it has not begun) in one message, when their parameters allow. */
+  const send = async (statements: Statement[]): Promise<pg.QueryResult[] | null> => {
+    const args = statements.map((st) => (st.params?.length ? literals(st.params) : ""));
+    if (args.some((a) => a === null)) return null;
+    const begin = begun ? "" : "BEGIN; ";
     begun = true;
     open = true;
-    if (statement === null) {
+    const results = await executeOn(
+      client,
+      statements.map((st, k) => ({ text: st.text, args: args[k] as string })),
+      (executes) => `${begin}${executes}`,
+    );
+    return begin ? results.slice(1) : results;
+  };
+  /** One at a time, as node-postgres sends them (a parameter a query's text cannot carry goes apart from it). */
+  const apart = async (text: string, params: readonly unknown[] | undefined): Promise<pg.QueryResult> => {
+    if (!begun) {
+      begun = true;
+      open = true;
       await client.query("BEGIN");
-      return client.query(prepared(text, params));
     }
-    const results = (await client.query(`BEGIN; ${statement}`)) as unknown as pg.QueryResult[];
-    return results[1] as pg.QueryResult;
+    return client.query(prepared(text, params));
   };
   const sql: Sql = {
     query: async <R>(text: string, params?: readonly unknown[]) => {
       // A write that goes on after its last statement would write outside its transaction.
       if (committedEarly) throw new Error("this transaction was committed by its last statement (commitWith)");
-      if (!begun) return (await first(text, params)).rows as R[];
-      return (await client.query(prepared(text, params))).rows as R[];
+      // The first statement carries BEGIN; later ones go as node-postgres sends them (extended protocol, named).
+      const [result] = (!begun && (await send([{ text, params }]))) || [await apart(text, params)];
+      return (result as pg.QueryResult).rows as R[];
+    },
+    batch: async (statements) => {
+      if (committedEarly) throw new Error("this transaction was committed by its last statement (commitWith)");
+      const results = await send(statements);
+      if (results) return results.map((r) => r.rows);
+      const rows: unknown[][] = [];
+      for (const st of statements) rows.push((await apart(st.text, st.params)).rows);
+      return rows;
     },
     commitWith: async <R>(text: string, params: readonly unknown[]) => {
       const args = literals(params);
-      const name = args === null ? null : await prepareOn(client, text);
       const begin = begun ? "" : "BEGIN; ";
       begun = true;
       open = false;
       committedEarly = true;
       try {
-        if (name === null) {
+        if (args === null) {
           // A parameter a query's text cannot carry: the statement goes apart, then COMMIT.
           if (begin) await client.query("BEGIN");
           const { rows } = await client.query(prepared(text, params));
@@ -245,7 +275,7 @@ async function pgTransaction<T>(pool: pg.Pool, fn: (sql: Sql) => Promise<T>): Pr
           return rows as R[];
         }
         // One simple-protocol message: the statement, then COMMIT, which PostgreSQL skips if the statement fails.
-        const results = (await client.query(`${begin}EXECUTE ${name}(${args}); COMMIT`)) as unknown as pg.QueryResult[];
+        const results = await executeOn(client, [{ text, args }], (execute) => `${begin}${execute}; COMMIT`);
         return results[begin ? 1 : 0]?.rows as R[];
       } catch (e) {
         await client.query("ROLLBACK").catch(() => {});
@@ -276,19 +306,40 @@ function literals(params: readonly unknown[]): string | null {
   }
 }
 
-/** Statements prepared with SQL PREPARE on each connection (for commitWith, which sends EXECUTE). */
-const preparedOn = new WeakMap<pg.PoolClient, Set<string>>();
+/** Per connection: the statements prepared on it with SQL PREPARE (for the EXECUTEs above), and how many names it has used. */
+const preparedOn = new WeakMap<pg.PoolClient, { names: Map<string, string>; made: number }>();
 
-async function prepareOn(client: pg.PoolClient, text: string): Promise<string> {
-  const name = `bcx_${createHash("sha1").update(text).digest("hex").slice(0, 16)}`;
-  const names = preparedOn.get(client) ?? new Set<string>();
-  preparedOn.set(client, names);
-  if (!names.has(name)) {
-    // Prepared statements belong to the session, not the transaction: made once per connection.
-    await client.query(`PREPARE ${name} AS ${text}`);
-    names.add(name);
+/**
+ * Run statements, each with its parameters as literals (`args`, empty for none), as EXECUTEs of statements
+ * prepared on this connection, inside the one message `around` makes of them; the results are those of the
+ * statements `around` wrote, in order. A statement this connection has not seen yet is prepared in the same
+ * message, ahead of them, rather than in a round trip of its own: a connection the pool opened since (or one
+ * that never ran this write) would otherwise make its caller wait twice.
+ */
+async function executeOn(client: pg.PoolClient, statements: { text: string; args: string }[], around: (executes: string) => string): Promise<pg.QueryResult[]> {
+  let session = preparedOn.get(client);
+  if (!session) {
+    session = { names: new Map(), made: 0 };
+    preparedOn.set(client, session);
   }
-  return name;
+  const prepares: string[] = [];
+  const fresh: [string, string][] = [];
+  const executes = statements.map(({ text, args }) => {
+    if (!args) return text;
+    let name = session.names.get(text);
+    if (!name) {
+      // A new name each time one is prepared: a PREPARE sent with a message that failed may or may not have
+      // taken effect (prepared statements outlive a rollback), and preparing that name again could fail for good.
+      name = `bcx_${session.made++}`;
+      prepares.push(`PREPARE ${name} AS ${text}`);
+      fresh.push([text, name]);
+    }
+    return `EXECUTE ${name}(${args})`;
+  });
+  const sent = await client.query([...prepares, around(executes.join("; "))].join("; "));
+  for (const [text, name] of fresh) session.names.set(text, name);
+  // One statement in all comes back as its result, not a list of one.
+  return (Array.isArray(sent) ? sent : [sent]).slice(prepares.length) as pg.QueryResult[];
 }
 
 /**

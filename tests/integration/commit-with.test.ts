@@ -1,3 +1,4 @@
+import pg from "pg";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import type { Sql } from "../../core/kernel/db.ts";
 import { type Database, openDatabase } from "../../infra/db/index.ts";
@@ -155,5 +156,96 @@ describe("a parameter a query's text cannot carry", () => {
     expect(row?.t).toBe(marker);
     const [kept] = await db.read((sql) => sql.query<{ n: number }>(`SELECT count(*)::int AS n FROM cw WHERE t = $1`, [marker]));
     expect(kept?.n).toBe(1);
+  });
+});
+
+/** The messages this process sends to PostgreSQL while `fn` runs: each one is a round trip. */
+async function messagesOf<T>(fn: () => Promise<T>): Promise<{ result: T; sent: string[] }> {
+  const sent: string[] = [];
+  const real = pg.Client.prototype.query;
+  pg.Client.prototype.query = function (this: pg.Client, ...args: unknown[]) {
+    const q = args[0];
+    sent.push(typeof q === "string" ? q : String((q as { text?: string }).text));
+    return (real as (...a: unknown[]) => unknown).apply(this, args);
+  } as typeof real;
+  try {
+    return { result: await fn(), sent };
+  } finally {
+    pg.Client.prototype.query = real;
+  }
+}
+
+describe("a statement new to its connection", () => {
+  it("is prepared in the message that first runs it, with BEGIN or COMMIT: one round trip each", async () => {
+    const marker = `prep-${Date.now()}`;
+    // Texts no connection has run yet (poolSize 1: every transaction here is on the one connection).
+    const first = `INSERT INTO cw (t, n) VALUES ($1, $2) RETURNING n /* ${marker} first */`;
+    const last = `INSERT INTO cw (t, n) VALUES ($1, $2) RETURNING n /* ${marker} last */`;
+    const { result, sent } = await messagesOf(() =>
+      db.transaction(async (sql) => {
+        const [a] = await sql.query<{ n: number }>(first, [marker, 1]);
+        const [b] = await commitWith(sql)<{ n: number }>(last, [marker, 2]);
+        return [a?.n, b?.n];
+      }),
+    );
+    expect(result).toEqual([1, 2]);
+    expect(sent).toHaveLength(2);
+    expect(sent[0]).toMatch(/^PREPARE bcx_\d+ AS INSERT .* first \*\/; BEGIN; EXECUTE bcx_\d+\(/);
+    expect(sent[1]).toMatch(/^PREPARE bcx_\d+ AS INSERT .* last \*\/; EXECUTE bcx_\d+\(.*\); COMMIT$/);
+    // Known to the connection now: the next transaction sends no PREPARE.
+    const again = await messagesOf(() => db.transaction(async (sql) => commitWith(sql)(last, [marker, 3])));
+    expect(again.sent).toEqual([expect.stringMatching(/^BEGIN; EXECUTE bcx_\d+\(.*\); COMMIT$/)]);
+    const [n] = await db.read((sql) => sql.query<{ n: number }>(`SELECT count(*)::int AS n FROM cw WHERE t = $1`, [marker]));
+    expect(n?.n).toBe(3);
+  });
+
+  it("runs again after a message that prepared it failed: the PREPARE may have stayed, so it is prepared anew under another name", async () => {
+    const marker = `prep-fail-${Date.now()}`;
+    const text = `INSERT INTO cw (t, n) VALUES ($1, $2) RETURNING n /* ${marker} */`;
+    // Prepared, then its EXECUTE fails in PostgreSQL (n is an int): the prepared statement outlives the rollback.
+    await expect(db.transaction((sql) => commitWith(sql)(text, [marker, "not a number"]))).rejects.toThrow(/invalid input syntax/);
+    const [kept] = await db.read((sql) =>
+      sql.query<{ n: number }>(`SELECT count(*)::int AS n FROM pg_prepared_statements WHERE statement LIKE $1`, [`%${marker}%`]),
+    );
+    expect(kept?.n).toBe(1);
+    const [row] = await db.transaction((sql) => commitWith(sql)<{ n: number }>(text, [marker, 5]));
+    expect(row?.n).toBe(5);
+    const [first] = await db.transaction((sql) => sql.query<{ n: number }>(text, [marker, 6]));
+    expect(first?.n).toBe(6);
+  });
+});
+
+describe("Sql.batch", () => {
+  it("sends statements in one message, in order, inside the transaction; a failure in any takes them all back", async () => {
+    const marker = `batch-${Date.now()}`;
+    const insert = `INSERT INTO cw (t, n) VALUES ($1, $2) RETURNING n /* ${marker} */`;
+    const count = `SELECT count(*)::int AS n FROM cw WHERE t = $1 /* ${marker} */`;
+    const batch = (sql: Sql) => {
+      if (!sql.batch) throw new Error("no batch on PostgreSQL");
+      return sql.batch.bind(sql);
+    };
+    // The second statement sees the first's row: they run one after another, in the transaction BEGIN opened.
+    const { result, sent } = await messagesOf(() =>
+      db.transaction((sql) =>
+        batch(sql)([
+          { text: insert, params: [marker, 1] },
+          { text: count, params: [marker] },
+        ]),
+      ),
+    );
+    expect(result).toEqual([[{ n: 1 }], [{ n: 1 }]]);
+    expect(sent).toHaveLength(2);
+    expect(sent[0]).toMatch(/BEGIN; EXECUTE bcx_\d+\(.*\); EXECUTE bcx_\d+\(/);
+    expect(sent[1]).toBe("COMMIT");
+    await expect(
+      db.transaction((sql) =>
+        batch(sql)([
+          { text: insert, params: [marker, 2] },
+          { text: insert, params: [marker, "not a number"] },
+        ]),
+      ),
+    ).rejects.toThrow(/invalid input syntax/);
+    const [left] = await db.read((sql) => sql.query<{ n: number }>(count, [marker]));
+    expect(left?.n).toBe(1);
   });
 });
