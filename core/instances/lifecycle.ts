@@ -8,7 +8,7 @@ import { enqueueCommand, POWER_COMMAND_MS } from "../pools/hosted/commands.ts";
 import { lockInstanceAndPool, requirePool } from "../pools/pools.ts";
 import { requireCapability } from "../pools/registry.ts";
 import { chargeQuota, releaseQuota } from "../tenancy/quota.ts";
-import { lockInstance, writeChange } from "./changes.ts";
+import { CHANGED_ROW, lockInstance, writeChange } from "./changes.ts";
 import type { Instance } from "./model.ts";
 import type { DesiredState } from "./state.ts";
 
@@ -48,22 +48,29 @@ export async function setDesiredState(w: Write, who: Principal, id: string, desi
   if (desired === "paused") requireCapability(pool, "pause", "pausing an instance");
   w.audit({ targetId: inst.id, tenantId: inst.tenantId, details: retry ? { desired, retry: true } : { desired } });
   if (!retry) {
-    const changed = await writeChange(w, inst, { desired_state: desired }, `requested:${desired}`);
     // Pausing and resuming also go to the host as commands, confirmed by its answer (snapshots.ts settles it),
     // instead of waiting for a converge pass over the node's spec and the report after it; the spec says the
     // same, so a lost command only delays.
     const power =
       desired === "paused" && inst.state === "running" ? "instance.pause" : desired === "running" && inst.state === "paused" ? "instance.resume" : null;
-    if (power && inst.nodeId) {
-      const args = { instanceId: inst.id, generation: changed.specGeneration };
-      // Nothing here reads the command again: its row goes in with the audit row and the commit.
-      await enqueueCommand(w, { nodeId: inst.nodeId, instanceId: inst.id, kind: power, args, timeoutMs: POWER_COMMAND_MS }, { deferred: true });
-      // Nothing for a reconcile pass to do until the host answers, and its answer wakes the instance.
-      w.settle(inst.id);
-    }
+    if (!power || !inst.nodeId) return writeChange(w, inst, { desired_state: desired }, `requested:${desired}`, { last: true });
+    // The command names the spec generation the change gives the instance, which only the change's statement
+    // knows: its row rides in that statement (the write's last, with the audit row and the commit), which
+    // completes its args, and the agent is sent the same once committed.
+    const cmd = await enqueueCommand(
+      w,
+      { nodeId: inst.nodeId, instanceId: inst.id, kind: power, args: { instanceId: inst.id }, timeoutMs: POWER_COMMAND_MS },
+      { deferred: true, argsSql: (given) => `${given} || jsonb_build_object('generation', (SELECT spec_generation FROM ${CHANGED_ROW}))` },
+    );
+    const changed = await writeChange(w, inst, { desired_state: desired }, `requested:${desired}`, { last: true });
+    cmd.args.generation = changed.specGeneration;
+    // Nothing for a reconcile pass to do until the host answers, and its answer wakes the instance.
+    w.settle(inst.id);
     return changed;
   }
-  return writeChange(w, inst, { desired_state: desired, retry_requested: true }, inst.desiredState === desired ? "requested:retry" : `requested:${desired}`);
+  return writeChange(w, inst, { desired_state: desired, retry_requested: true }, inst.desiredState === desired ? "requested:retry" : `requested:${desired}`, {
+    last: true,
+  });
 }
 
 /**

@@ -1,9 +1,17 @@
 import { AppError, notFound } from "../../contracts/errors.ts";
 import { type CommandReport, type HostCommandKind, snapshotResult } from "../../contracts/host.ts";
 import type { Principal } from "../auth/principal.ts";
-import { one, type Sql } from "../kernel/db.ts";
+import { batch, one, type Sql } from "../kernel/db.ts";
 import type { Write } from "../kernel/write.ts";
-import { enqueueCommand, FINAL_STATES, type HostCommandRow, recordCommandReport, settleCommand, unsettledCommands } from "../pools/hosted/commands.ts";
+import {
+  commandReportStatement,
+  enqueueCommand,
+  FINAL_STATES,
+  type HostCommandRow,
+  recordCommandReport,
+  settleCommand,
+  unsettledCommands,
+} from "../pools/hosted/commands.ts";
 import { requirePool } from "../pools/pools.ts";
 import { requireCapability } from "../pools/registry.ts";
 import { lockInstance, writeChange } from "./changes.ts";
@@ -139,8 +147,11 @@ function powerObservation(w: Write, inst: Instance, c: HostCommandRow, to: "runn
   return { observed_state: to, observed_error: null, observed_generation: generation, observed_at: w.now };
 }
 
-/** What one settled command does to its instance (null: nothing, and the next command is looked at). */
-async function applyOutcome(w: Write, inst: Instance, c: HostCommandRow, expired: boolean): Promise<Instance | null> {
+/**
+ * What one settled command does to its instance (null: nothing, and the next command is looked at). `last`: the
+ * caller's write ends with it, and a change goes as the write's last statement (writeChange's `last`).
+ */
+async function applyOutcome(w: Write, inst: Instance, c: HostCommandRow, expired: boolean, last = false): Promise<Instance | null> {
   // An exec changes nothing of the instance: its watchers have its output and its end.
   if (c.kind === "instance.exec") return null;
   // A pause or resume the host did: the instance is where it was asked to be (its next report says so too).
@@ -150,7 +161,7 @@ async function applyOutcome(w: Write, inst: Instance, c: HostCommandRow, expired
     if (c.state !== "succeeded" || inst.state !== power.from || inst.desiredState !== power.to) return null;
     // Where its owner wants it: no reconcile pass is owed for this change.
     w.settle(inst.id);
-    return writeChange(w, inst, { state: power.to, ...powerObservation(w, inst, c, power.to) }, power.reason);
+    return writeChange(w, inst, { state: power.to, ...powerObservation(w, inst, c, power.to) }, power.reason, { last });
   }
   const outcome: Outcome = expired ? { ok: false, error: `the host did not finish ${c.kind} before its deadline` } : outcomeOf(c);
   const snapshotId = String(c.args.snapshotId);
@@ -161,9 +172,9 @@ async function applyOutcome(w: Write, inst: Instance, c: HostCommandRow, expired
         WHERE id = $1 AND state = 'creating'`,
       [snapshotId, outcome.ok ? "ready" : "failed", outcome.ok ? outcome.sizeBytes : null, outcome.ok ? null : outcome.error, w.now],
     );
-    return writeChange(w, inst, {}, outcome.ok ? "snapshot:ready" : "snapshot:failed");
+    return writeChange(w, inst, {}, outcome.ok ? "snapshot:ready" : "snapshot:failed", { last });
   }
-  return writeChange(w, inst, {}, outcome.ok ? "restored" : "restore:failed");
+  return writeChange(w, inst, {}, outcome.ok ? "restored" : "restore:failed", { last });
 }
 
 /**
@@ -171,25 +182,31 @@ async function applyOutcome(w: Write, inst: Instance, c: HostCommandRow, expired
  * transaction (a warm claim waits on its resume; a snapshot is ready as soon as its host says so); the instance
  * is locked before the command, in the reconciler's order. When no other command of the instance waits to be
  * settled (the common case), the one statement that records the report also settles it, and its outcome is
- * applied at once: four statements from report to commit, where the host's answer is what a caller waits on.
+ * applied at once: two round trips from report to commit (the lock with the report's statement, then the change
+ * with the audit row and COMMIT), where the host's answer is what a caller waits on.
  * The reconciler still settles whatever this misses.
  */
 export async function recordHostReport(w: Write, nodeId: string, report: CommandReport): Promise<HostCommandRow> {
   if (report.state === "running") return (await recordCommandReport(w, nodeId, report)).row;
-  const inst = await one<Instance & { behind: boolean }>(
-    w.sql,
-    `SELECT ${INSTANCE_COLUMNS},
-            EXISTS (SELECT 1 FROM host_commands o WHERE o.instance_id = instances.id AND o.settled_at IS NULL AND o.id <> $1) AS behind
-       FROM instances WHERE id = (SELECT instance_id FROM host_commands WHERE id = $1 AND node_id = $2) FOR UPDATE`,
-    [report.id, nodeId],
-  );
-  const alone = inst !== undefined && !inst.behind && inst.state !== "deleted";
-  const { row, changed } = await recordCommandReport(w, nodeId, report, { settle: alone });
+  // The lock and the report go in one round trip: the report's statement settles the command only if the
+  // instance, locked by then, has no other command to settle and is not deleted, as `alone` reads it here.
+  const [locked, updated] = (await batch(w.sql, [
+    {
+      text: `SELECT ${INSTANCE_COLUMNS},
+                    EXISTS (SELECT 1 FROM host_commands o WHERE o.instance_id = instances.id AND o.settled_at IS NULL AND o.id <> $1) AS behind
+               FROM instances WHERE id = (SELECT instance_id FROM host_commands WHERE id = $1 AND node_id = $2) FOR UPDATE`,
+      params: [report.id, nodeId],
+    },
+    commandReportStatement(w, nodeId, report, { settleAlone: true }),
+  ])) as [(Instance & { behind: boolean })[], HostCommandRow[]];
+  const { row, changed } = await recordCommandReport(w, nodeId, report, updated);
+  const [inst] = locked;
   if (!inst) return row;
-  const { behind: _, ...locked } = inst;
-  if (alone) {
-    if (changed) await applyOutcome(w, locked, row, false);
-  } else await settleCommands(w, locked);
+  const { behind, ...held } = inst;
+  if (changed && row.settledAt) {
+    // The write ends here: a change goes with its audit row and the commit.
+    await applyOutcome(w, held, row, false, true);
+  } else if (behind || inst.state === "deleted") await settleCommands(w, held);
   return row;
 }
 

@@ -169,6 +169,7 @@ export class Write {
   /** What this mutation changed: the subject of its one audit row. Writes that are not mutations keep none. */
   audit(subject: AuditSubject): void {
     if (!this.opts.action) return;
+    if (this.closed) throw new Error(`${this.opts.action} named its audit subject after its last statement was sent`);
     if (this.subject) throw new Error(`${this.opts.action} named two audit subjects (${this.subject.targetId}, ${subject.targetId})`);
     this.subject = subject;
   }
@@ -200,7 +201,29 @@ export class Write {
   readonly deferred: ((param: (v: unknown) => string) => string)[] = [];
 
   defer(statement: (param: (v: unknown) => string) => string): void {
+    if (this.closed) throw new Error("this write's last statement was sent: nothing can be deferred to it");
     this.deferred.push(statement);
+  }
+
+  /** The write's last statement has been sent (closingParts): the write takes no more. */
+  private closed = false;
+
+  get isClosed(): boolean {
+    return this.closed;
+  }
+
+  /**
+   * What the write's last statement must also do — its deferred statements and the mutation's audit row — as
+   * WITH parts (named d0…, a) for a caller whose own statement is that last one (writeChange's `last`), their
+   * values placed with `add`. After it the write is closed: no more deferring or auditing, and finishWrite
+   * sends nothing.
+   */
+  closingParts(add: (v: unknown) => string): string[] {
+    const row = this.auditRow();
+    const parts = this.deferred.map((statement, k) => `d${k} AS (${statement(add)})`);
+    if (row) parts.push(`a AS (${auditInsert(this, row, add)})`);
+    this.closed = true;
+    return parts;
   }
 
   /** This mutation changed nothing (a replay, a repeated request): it writes no audit row. */
@@ -218,22 +241,26 @@ export class Write {
   }
 }
 
-/** The transaction's last statement: the mutation's audit row, if it owes one, with what the write deferred. */
+/** The INSERT of a mutation's audit row, its values placed with `add`. */
+function auditInsert(w: Write, row: AuditSubject & { action: string }, add: (v: unknown) => string): string {
+  return `INSERT INTO audit_log (${AUDIT_COLUMNS}) VALUES (${add(w.actor)}, ${add(row.tenantId ?? null)}, ${add(row.action)}, ${add(row.targetId)},
+         ${add(w.opts.requestId ?? null)}, ${add(JSON.stringify(row.details ?? {}))}::jsonb, ${add(w.now)})`;
+}
+
+/**
+ * The transaction's last statement: the mutation's audit row, if it owes one, with what the write deferred.
+ * Nothing when a statement of the write's own was its last (closingParts).
+ */
 export async function finishWrite(w: Write): Promise<void> {
-  const row = w.auditRow();
-  if (!row && !w.deferred.length) return;
+  if (w.isClosed) return;
   // The write's last statement: where the database can, it goes with COMMIT in one message (a round trip less
   // for every audited write, and its rows' locks given back that much sooner). Deferred statements ride in it
   // (PostgreSQL runs every data-modifying WITH part once, whether or not the statement reads it).
   const params: unknown[] = [];
-  const add = (v: unknown) => `$${params.push(v)}`;
-  const parts = w.deferred.map((statement, k) => `d${k} AS (${statement(add)})`);
-  const audit = row
-    ? `INSERT INTO audit_log (${AUDIT_COLUMNS}) VALUES (${add(w.actor)}, ${add(row.tenantId ?? null)}, ${add(row.action)}, ${add(row.targetId)},
-         ${add(w.opts.requestId ?? null)}, ${add(JSON.stringify(row.details ?? {}))}::jsonb, ${add(w.now)})`
-    : "SELECT 1";
+  const parts = w.closingParts((v) => `$${params.push(v)}`);
+  if (!parts.length) return;
   const last = w.sql.commitWith?.bind(w.sql) ?? w.sql.query.bind(w.sql);
-  await last(parts.length ? `WITH ${parts.join(", ")} ${audit}` : audit, params);
+  await last(`WITH ${parts.join(", ")} SELECT 1`, params);
 }
 
 /**

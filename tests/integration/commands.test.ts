@@ -151,6 +151,14 @@ describe("host commands", () => {
       const cmd = stream.got.find((c) => c.kind === kind) as (typeof stream.got)[number];
       const generation = Number(cmd.args.generation);
       expect(generation).toBeGreaterThan(0);
+      // The generation the request's change gave the instance, as its stored command says and its host was told.
+      const [stored] = await h.platform.read((sql) =>
+        sql.query<{ args: unknown; specGeneration: number }>(
+          `SELECT c.args, i.spec_generation AS "specGeneration" FROM host_commands c JOIN instances i ON i.id = c.instance_id WHERE c.id = $1`,
+          [cmd.id],
+        ),
+      );
+      expect(stored).toEqual({ args: cmd.args, specGeneration: generation });
       await a.client.request(bc.ReportCommandDocument, { report: { id: cmd.id, state: "succeeded", result: {} } });
       const answered = await row();
       expect(answered).toMatchObject({ state, observedState: state, observedGeneration: generation });

@@ -1,6 +1,6 @@
 import { notFound } from "../../../contracts/errors.ts";
 import type { CommandReport, HostCommand, HostCommandKind } from "../../../contracts/host.ts";
-import { one, type Sql } from "../../kernel/db.ts";
+import { one, type Sql, type Statement } from "../../kernel/db.ts";
 import type { Write } from "../../kernel/write.ts";
 
 /**
@@ -46,7 +46,15 @@ export const POWER_COMMAND_MS = 60_000;
 export async function enqueueCommand(
   w: Write,
   c: { nodeId: string; instanceId: string; kind: HostCommandKind; args: Record<string, unknown>; timeoutMs: number },
-  opts: { deferred?: boolean } = {},
+  opts: {
+    deferred?: boolean;
+    /**
+     * The args as the statement the row rides in completes them (from the jsonb of `c.args`): for values known
+     * only inside it. The caller sets the same on the returned row's args before the write commits; its agent
+     * is sent those.
+     */
+    argsSql?: (args: string) => string;
+  } = {},
 ): Promise<HostCommandRow> {
   const row: HostCommandRow = {
     id: w.ids("cmd"),
@@ -63,9 +71,10 @@ export async function enqueueCommand(
     finishedAt: null,
     settledAt: null,
   };
+  const args = opts.argsSql ?? ((given: string) => given);
   const insert = (p: (v: unknown) => string) =>
     `INSERT INTO host_commands (id, node_id, instance_id, kind, args, deadline, created_at)
-     VALUES (${p(row.id)}::text, ${p(row.nodeId)}::text, ${p(row.instanceId)}::text, ${p(row.kind)}::text, ${p(JSON.stringify(row.args))}::jsonb,
+     VALUES (${p(row.id)}::text, ${p(row.nodeId)}::text, ${p(row.instanceId)}::text, ${p(row.kind)}::text, ${args(`${p(JSON.stringify(row.args))}::jsonb`)},
              ${p(row.deadline)}::timestamptz, ${p(row.createdAt)}::timestamptz)`;
   // `deferred`: nothing later in the write reads the row (a pause or resume request), so it goes in with the
   // write's last statement (Write.defer) instead of a round trip of its own.
@@ -91,31 +100,49 @@ export async function commandsForNode(sql: Sql, nodeId: string, now: Date): Prom
 }
 
 /**
+ * The statement that records a host's report on one of its commands (see recordCommandReport). `settleAlone`:
+ * a final report also settles the command when it is the only unsettled one of an instance that is not
+ * deleted, which the caller holds locked (snapshots.ts applies its outcome in the same write).
+ */
+export function commandReportStatement(w: Write, nodeId: string, report: CommandReport, opts: { settleAlone?: boolean } = {}): Statement {
+  // One statement when the report changes something (the update waits for, and re-checks, a row another
+  // writer holds); a second look only for a report that changes nothing.
+  if (report.state === "running")
+    return {
+      text: `UPDATE host_commands SET state = 'running', started_at = $3 WHERE id = $1 AND node_id = $2 AND state = 'pending' RETURNING ${COLUMNS}`,
+      params: [report.id, nodeId, w.now],
+    };
+  return {
+    text: `UPDATE host_commands h SET state = $3, result = $4::jsonb, error = $5, started_at = COALESCE(started_at, $6), finished_at = $6,
+                  settled_at = CASE WHEN $7::boolean
+                                     AND NOT EXISTS (SELECT 1 FROM host_commands o WHERE o.instance_id = h.instance_id AND o.settled_at IS NULL AND o.id <> h.id)
+                                     AND EXISTS (SELECT 1 FROM instances i WHERE i.id = h.instance_id AND i.state <> 'deleted')
+                                THEN $6::timestamptz END
+            WHERE id = $1 AND node_id = $2 AND state IN ('pending', 'running') RETURNING ${COLUMNS}`,
+    params: [report.id, nodeId, report.state, report.result === null ? null : JSON.stringify(report.result), report.error, w.now, opts.settleAlone ?? false],
+  };
+}
+
+/**
  * An agent's report on one of its node's commands. `running` acknowledges it; `succeeded` or `failed` finishes
- * it and wakes the reconciler to settle it — or, with `settle`, marks it settled in the same statement, for a
- * caller that applies its outcome in this transaction. The first final word counts: a late or repeated report
- * changes nothing (nor does one after the deadline expired the command); `changed` says which it was.
+ * it and wakes the reconciler to settle it (or its statement settled it: commandReportStatement's
+ * `settleAlone`). The first final word counts: a late or repeated report changes nothing (nor does one after
+ * the deadline expired the command); `changed` says which it was. `updated`: what commandReportStatement
+ * returned, when the caller sent it itself (with other statements, in one round trip).
  */
 export async function recordCommandReport(
   w: Write,
   nodeId: string,
   report: CommandReport,
-  opts: { settle?: boolean } = {},
+  updated?: HostCommandRow[],
 ): Promise<{ row: HostCommandRow; changed: boolean }> {
-  // One statement when the report changes something (the update waits for, and re-checks, a row another
-  // writer holds); a second look only for a report that changes nothing.
   const finished = report.state !== "running";
-  const [cmd] = finished
-    ? await w.sql.query<HostCommandRow>(
-        `UPDATE host_commands SET state = $3, result = $4::jsonb, error = $5, started_at = COALESCE(started_at, $6), finished_at = $6,
-                settled_at = CASE WHEN $7::boolean THEN $6::timestamptz END
-          WHERE id = $1 AND node_id = $2 AND state IN ('pending', 'running') RETURNING ${COLUMNS}`,
-        [report.id, nodeId, report.state, report.result === null ? null : JSON.stringify(report.result), report.error, w.now, opts.settle ?? false],
-      )
-    : await w.sql.query<HostCommandRow>(
-        `UPDATE host_commands SET state = 'running', started_at = $3 WHERE id = $1 AND node_id = $2 AND state = 'pending' RETURNING ${COLUMNS}`,
-        [report.id, nodeId, w.now],
-      );
+  let rows = updated;
+  if (!rows) {
+    const st = commandReportStatement(w, nodeId, report);
+    rows = await w.sql.query<HostCommandRow>(st.text, st.params);
+  }
+  const [cmd] = rows;
   if (!cmd) {
     const known = await one<HostCommandRow>(w.sql, `SELECT ${COLUMNS} FROM host_commands WHERE id = $1 AND node_id = $2`, [report.id, nodeId]);
     if (!known) throw notFound("host command", report.id);
