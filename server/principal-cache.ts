@@ -8,12 +8,17 @@ import type { Platform } from "../infra/platform.ts";
  * over the bus and drops the credential here before the next request; `ttlMs` bounds how long a missed message
  * (pub/sub down) could let a revoked credential through, and an expiry is checked on every hit. Only credentials
  * that resolved are kept: an unknown token is read every time, as any caller is limited, and cannot fill this.
+ * A credential used past half its time here is read again behind the request that used it: a caller that keeps
+ * coming never waits on that read (it cost the first request after each expiry a round trip or more), and one
+ * that stops is forgotten at ttlMs as before.
  */
 export class PrincipalCache {
   private readonly byHash = new Map<string, { principal: Principal; until: number }>();
   private revocations: (AsyncIterable<{ key: string }> & AsyncIterator<{ key: string }>) | undefined;
   /** Counts revocations heard: a lookup that one overtook may have read the row before it changed. */
   private revoked = 0;
+  /** Hashes being read again behind their requests: one read at a time each. */
+  private readonly refreshing = new Set<string>();
 
   private constructor(
     private readonly ttlMs: number,
@@ -42,7 +47,10 @@ export class PrincipalCache {
     if (!this.revocations) return lookup();
     const hash = sha256Hex(bearer);
     const hit = this.byHash.get(hash);
-    if (hit && hit.until > Date.now() && !expired(hit.principal, now)) return hit.principal;
+    if (hit && hit.until > Date.now() && !expired(hit.principal, now)) {
+      if (hit.until - Date.now() < this.ttlMs / 2 && !this.refreshing.has(hash)) void this.refresh(hash, lookup);
+      return hit.principal;
+    }
     if (hit) this.byHash.delete(hash);
     const before = this.revoked;
     const found = await lookup();
@@ -53,6 +61,22 @@ export class PrincipalCache {
       this.byHash.set(hash, { principal: found, until: Date.now() + this.ttlMs });
     }
     return found;
+  }
+
+  /** Read a remembered credential again and keep what it says now, unless a revocation overtook the read. */
+  private async refresh(hash: string, lookup: () => Promise<Principal | null>): Promise<void> {
+    this.refreshing.add(hash);
+    const before = this.revoked;
+    try {
+      const found = await lookup();
+      if (this.revoked !== before || !this.revocations || !this.byHash.has(hash)) return;
+      if (found?.credential) this.byHash.set(hash, { principal: found, until: Date.now() + this.ttlMs });
+      else this.byHash.delete(hash);
+    } catch {
+      // Left to run out at its time: the first request after that reads it, and sees the failure itself.
+    } finally {
+      this.refreshing.delete(hash);
+    }
   }
 
   revoke(key: string): void {

@@ -161,6 +161,59 @@ describe("authentication", () => {
     }
   });
 
+  it("reads a credential again behind a request once past half its time, and forgets one the read no longer finds", async () => {
+    const ttl = 1000;
+    const cache = PrincipalCache.open(h.platform, ttl);
+    try {
+      const who = { identityId: "idn_y", tenantId: "ten_y", operator: false, scopes: new Set<never>(), credential: { key: "tok:y", expiresAt: null } };
+      const now = new Date();
+      // A request whose lookup never answers gets its answer from memory, or not at all.
+      const fromMemory = (bearer: string, lookup: () => Promise<typeof who | null>) =>
+        Promise.race([cache.principal(bearer, now, lookup), new Promise((r) => setTimeout(() => r("waited on a read"), 2000))]);
+      let reads = 0;
+      let release: () => void = () => {};
+      const held = async () => {
+        reads++;
+        await new Promise<void>((r) => (release = r));
+        return who;
+      };
+      const rememberedAt = Date.now();
+      const first = async () => {
+        reads++;
+        return who;
+      };
+      expect(await cache.principal("bearer-a", now, first)).toBe(who);
+      // Asked again until past half its time: each answer from memory, and one read starts behind them.
+      await until(
+        "a read behind the requests",
+        async () => {
+          expect(await fromMemory("bearer-a", held)).toBe(who);
+          return reads === 2;
+        },
+        5000,
+      );
+      expect(await fromMemory("bearer-a", held)).toBe(who);
+      expect(reads).toBe(2);
+      release();
+      // Renewed by that read: still remembered once the first ttl has passed.
+      await until("the first ttl to pass", () => Date.now() - rememberedAt > ttl, 5000);
+      expect(await fromMemory("bearer-a", () => new Promise<never>(() => {}))).toBe(who);
+
+      // Gone from the database, its revocation message missed: the read behind a request forgets it, and the
+      // request after that reads it itself (null: refused). Without that read it would be read once, at expiry.
+      let gone = 0;
+      const none = async () => {
+        gone++;
+        return null;
+      };
+      expect(await cache.principal("bearer-b", now, async () => who)).toBe(who);
+      await until("the credential to be forgotten", async () => (await cache.principal("bearer-b", now, none)) === null, 5000);
+      expect(gone).toBe(2);
+    } finally {
+      await cache.close();
+    }
+  });
+
   it("stores only a hash of each token", async () => {
     const t = await h.tenant();
     const row = await h.platform.db.prisma.apiToken.findFirstOrThrow({ where: { identity: { tenantId: t.id } } });
