@@ -1,7 +1,8 @@
+import { batch } from "../kernel/db.ts";
 import type { Write } from "../kernel/write.ts";
 import type { DriverDeps, Pool } from "../pools/driver.ts";
-import { type HostCommandRow, unsettledCommands } from "../pools/hosted/commands.ts";
-import { lockInstanceAndPool } from "../pools/pools.ts";
+import { type HostCommandRow, unsettledCommandsStatement } from "../pools/hosted/commands.ts";
+import { heldInstanceAndPool, lockInstanceAndPoolStatement } from "../pools/pools.ts";
 import { driverFor } from "../pools/registry.ts";
 import type { Instance } from "./model.ts";
 import { settleCommands } from "./snapshots.ts";
@@ -23,10 +24,14 @@ interface Held {
   pending: HostCommandRow[];
 }
 
-/** The instance, locked, with its pool (one statement), then its unsettled commands. */
+/**
+ * The instance, locked, with its pool (one statement), then its unsettled commands, locked after it: both
+ * statements in one round trip.
+ */
 async function lockForPass(w: Write, instanceId: string): Promise<Held | null> {
-  const held = await lockInstanceAndPool(w, null, instanceId);
-  return held ? { ...held, pending: await unsettledCommands(w, held.inst.id) } : null;
+  const [rows, pending] = await batch(w.sql, [lockInstanceAndPoolStatement(instanceId), unsettledCommandsStatement(instanceId)]);
+  const held = heldInstanceAndPool(rows as unknown[], null);
+  return held ? { ...held, pending: pending as HostCommandRow[] } : null;
 }
 
 async function step(w: Write, deps: DriverDeps, { inst, pool, pending }: Held): Promise<Instance | null> {

@@ -2,7 +2,7 @@ import { z } from "zod";
 import { AppError, notFound } from "../../contracts/errors.ts";
 import { type Principal, visibleTo } from "../auth/principal.ts";
 import { INSTANCE_COLUMNS, type Instance } from "../instances/model.ts";
-import { one, type Sql } from "../kernel/db.ts";
+import { one, type Sql, type Statement } from "../kernel/db.ts";
 import { parseInput, resourceName } from "../kernel/validation.ts";
 import type { Write } from "../kernel/write.ts";
 import type { DriverDeps, Pool, PoolInput } from "./driver.ts";
@@ -61,11 +61,23 @@ export const poolFromJson = (p: PoolJson): Pool => ({ ...p, createdAt: new Date(
  * Null when there is no such instance, or `who` may not see it (or, which cannot happen while it exists, no pool).
  */
 export async function lockInstanceAndPool(w: Write, who: Principal | null, id: string): Promise<{ inst: Instance; pool: Pool } | null> {
-  const [row] = await w.sql.query<Instance & { pool: PoolJson | null }>(
-    `SELECT ${INSTANCE_COLUMNS}, (SELECT row_to_json(p) FROM (SELECT ${POOL_COLUMNS} FROM pools WHERE pools.id = instances.pool_id) p) AS pool
-       FROM instances WHERE id = $1 FOR UPDATE`,
-    [id],
-  );
+  const st = lockInstanceAndPoolStatement(id);
+  return heldInstanceAndPool(await w.sql.query<InstanceAndPoolRow>(st.text, st.params), who);
+}
+
+type InstanceAndPoolRow = Instance & { pool: PoolJson | null };
+
+/** lockInstanceAndPool's statement, for a caller that sends it with others (Sql.batch); heldInstanceAndPool reads its rows. */
+export function lockInstanceAndPoolStatement(id: string): Statement {
+  return {
+    text: `SELECT ${INSTANCE_COLUMNS}, (SELECT row_to_json(p) FROM (SELECT ${POOL_COLUMNS} FROM pools WHERE pools.id = instances.pool_id) p) AS pool
+             FROM instances WHERE id = $1 FOR UPDATE`,
+    params: [id],
+  };
+}
+
+export function heldInstanceAndPool(rows: unknown[], who: Principal | null): { inst: Instance; pool: Pool } | null {
+  const [row] = rows as InstanceAndPoolRow[];
   if (!row?.pool || (who && !visibleTo(who, row.tenantId))) return null;
   const { pool, ...inst } = row;
   return { inst, pool: poolFromJson(pool) };

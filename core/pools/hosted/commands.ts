@@ -158,9 +158,16 @@ export async function recordCommandReport(
 
 /** The commands of an instance whose outcome the reconciler has yet to apply: finished, or past their deadline. */
 export async function unsettledCommands(w: Write, instanceId: string): Promise<HostCommandRow[]> {
-  return w.sql.query<HostCommandRow>(`SELECT ${COLUMNS} FROM host_commands WHERE instance_id = $1 AND settled_at IS NULL ORDER BY created_at, id FOR UPDATE`, [
-    instanceId,
-  ]);
+  const st = unsettledCommandsStatement(instanceId);
+  return w.sql.query<HostCommandRow>(st.text, st.params);
+}
+
+/** unsettledCommands' statement, for a caller that sends it with others (Sql.batch). */
+export function unsettledCommandsStatement(instanceId: string): Statement {
+  return {
+    text: `SELECT ${COLUMNS} FROM host_commands WHERE instance_id = $1 AND settled_at IS NULL ORDER BY created_at, id FOR UPDATE`,
+    params: [instanceId],
+  };
 }
 
 /** Mark a command's outcome applied (and, for one that never finished, what ended it). */
