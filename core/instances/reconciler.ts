@@ -30,7 +30,7 @@ interface Held {
  */
 async function lockForPass(w: Write, instanceId: string): Promise<Held | null> {
   const [rows, pending] = await batch(w.sql, [lockInstanceAndPoolStatement(instanceId), unsettledCommandsStatement(instanceId)]);
-  const held = heldInstanceAndPool(rows as unknown[], null);
+  const held = heldInstanceAndPool(rows ?? [], null);
   return held ? { ...held, pending: pending as HostCommandRow[] } : null;
 }
 

@@ -29,7 +29,11 @@ export interface Statement {
 
 /** `statements` in one round trip where the driver can (Sql.batch), otherwise one after another. */
 export async function batch(sql: Sql, statements: Statement[]): Promise<unknown[][]> {
-  if (sql.batch) return sql.batch(statements);
+  return sql.batch ? sql.batch(statements) : oneByOne(sql, statements);
+}
+
+/** `statements` one after another, each in a round trip of its own: what a batch falls back to. */
+export async function oneByOne(sql: Sql, statements: Statement[]): Promise<unknown[][]> {
   const rows: unknown[][] = [];
   for (const st of statements) rows.push(await sql.query(st.text, st.params));
   return rows;

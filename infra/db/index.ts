@@ -3,7 +3,7 @@ import { chmodSync, mkdirSync } from "node:fs";
 import { resolve } from "node:path";
 import { PGlite } from "@electric-sql/pglite";
 import pg from "pg";
-import type { Reader, Sql, Statement } from "../../core/kernel/db.ts";
+import { oneByOne, type Reader, type Sql, type Statement } from "../../core/kernel/db.ts";
 import type { PrismaClient } from "../../prisma/generated/client.ts";
 import { ownerOnly } from "../data-dir.ts";
 import { Gate, hostLane, type Lane } from "./lanes.ts";
@@ -254,11 +254,8 @@ async function pgTransaction<T>(pool: pg.Pool, fn: (sql: Sql) => Promise<T>): Pr
     },
     batch: async (statements) => {
       if (committedEarly) throw new Error("this transaction was committed by its last statement (commitWith)");
-      const results = await send(statements);
-      if (results) return results.map((r) => r.rows);
-      const rows: unknown[][] = [];
-      for (const st of statements) rows.push((await apart(st.text, st.params)).rows);
-      return rows;
+      // A parameter a query's text cannot carry: each statement goes apart, as `query` sends it.
+      return (await send(statements))?.map((r) => r.rows) ?? oneByOne(sql, statements);
     },
     commitWith: async <R>(text: string, params: readonly unknown[]) => {
       const args = literals(params);
