@@ -189,24 +189,21 @@ async function applyOutcome(w: Write, inst: Instance, c: HostCommandRow, expired
 export async function recordHostReport(w: Write, nodeId: string, report: CommandReport): Promise<HostCommandRow> {
   if (report.state === "running") return (await recordCommandReport(w, nodeId, report)).row;
   // The lock and the report go in one round trip: the report's statement settles the command only if the
-  // instance, locked by then, has no other command to settle and is not deleted, as `alone` reads it here.
+  // instance, locked by then, has no other command to settle and is not deleted.
   const [locked, updated] = (await batch(w.sql, [
     {
-      text: `SELECT ${INSTANCE_COLUMNS},
-                    EXISTS (SELECT 1 FROM host_commands o WHERE o.instance_id = instances.id AND o.settled_at IS NULL AND o.id <> $1) AS behind
-               FROM instances WHERE id = (SELECT instance_id FROM host_commands WHERE id = $1 AND node_id = $2) FOR UPDATE`,
+      text: `SELECT ${INSTANCE_COLUMNS} FROM instances WHERE id = (SELECT instance_id FROM host_commands WHERE id = $1 AND node_id = $2) FOR UPDATE`,
       params: [report.id, nodeId],
     },
     commandReportStatement(w, nodeId, report, { settleAlone: true }),
-  ])) as [(Instance & { behind: boolean })[], HostCommandRow[]];
+  ])) as [Instance[], HostCommandRow[]];
   const { row, changed } = await recordCommandReport(w, nodeId, report, updated);
   const [inst] = locked;
   if (!inst) return row;
-  const { behind, ...held } = inst;
-  if (changed && row.settledAt) {
-    // The write ends here: a change goes with its audit row and the commit.
-    await applyOutcome(w, held, row, false, true);
-  } else if (behind || inst.state === "deleted") await settleCommands(w, held);
+  // Settled by its statement: the write ends with its outcome, a change going with the audit row and the commit.
+  // Otherwise the instance has other commands to settle first, or is deleted (or the report was one heard before).
+  if (changed && row.settledAt) await applyOutcome(w, inst, row, false, true);
+  else await settleCommands(w, inst);
   return row;
 }
 
