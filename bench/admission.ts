@@ -114,24 +114,45 @@ function statementProfile() {
   type Query = (this: unknown, ...a: unknown[]) => unknown;
   const proto = pg.Client.prototype as unknown as { query: Query };
   const query = proto.query;
-  const byText = new Map<string, { count: number; ms: number }>();
+  // Only kept while measuring; named and summed when reported, so the wrapper costs the measured process little.
+  let sent: { client: object; text: string; ms: number }[] = [];
   let on = false;
-  const record = (first: unknown, t0: number) => {
+  const preparedBy = new WeakMap<object, Map<string, string>>();
+  const record = (client: object, first: unknown, t0: number) => {
     const text = typeof first === "string" ? first : ((first as { text?: string } | null)?.text ?? "?");
-    const key = text.replace(/\s+/g, " ").trim().slice(0, 100);
-    const s = byText.get(key) ?? { count: 0, ms: 0 };
-    s.count++;
-    s.ms += performance.now() - t0;
-    byText.set(key, s);
+    sent.push({ client, text, ms: performance.now() - t0 });
+  };
+  // Statements sent as EXECUTEs of names prepared on the connection (infra/db) carry their parameters as
+  // literals: each is counted under the text it was prepared from, so the calls of one statement add up.
+  const keyOf = (client: object, text: string) => {
+    const names = preparedBy.get(client);
+    return text
+      .replace(/PREPARE bcx_\d+ AS .*?(?=; BEGIN|; EXECUTE|$)/gs, "")
+      .replace(
+        /EXECUTE (bcx_\d+)\((?:'(?:[^']|'')*'|[^')])*\)/g,
+        (_, name: string) => `EXECUTE [${(names?.get(name) ?? name).replace(/\s+/g, " ").slice(0, 70)}]`,
+      )
+      .replace(/\s+/g, " ")
+      .replace(/^; /, "")
+      .trim()
+      .slice(0, 110);
+  };
+  // Names are prepared whenever a connection first runs a statement, measured or not.
+  const learn = (client: object, first: unknown) => {
+    if (typeof first !== "string" || !first.startsWith("PREPARE bcx_")) return;
+    const names = preparedBy.get(client) ?? new Map<string, string>();
+    preparedBy.set(client, names);
+    for (const m of first.matchAll(/PREPARE (bcx_\d+) AS (.*?)(?=; PREPARE bcx_|; BEGIN|; EXECUTE|$)/gs)) names.set(m[1] as string, m[2] as string);
   };
   proto.query = function (...a) {
+    learn(this as object, a[0]);
     if (!on) return query.apply(this, a);
     const t0 = performance.now();
     // pg.Pool#query calls with a callback and gets nothing back; transactions' clients get a promise.
     const cb = a.at(-1);
     if (typeof cb === "function") {
       a[a.length - 1] = (...r: unknown[]) => {
-        record(a[0], t0);
+        record(this as object, a[0], t0);
         return cb(...r);
       };
       return query.apply(this, a);
@@ -139,19 +160,28 @@ function statementProfile() {
     const r = query.apply(this, a);
     if (r instanceof Promise)
       r.then(
-        () => record(a[0], t0),
-        () => record(a[0], t0),
+        () => record(this as object, a[0], t0),
+        () => record(this as object, a[0], t0),
       );
     return r;
   };
   return {
     start() {
-      byText.clear();
+      sent = [];
       on = true;
     },
     /** Per create: how many statements, their time, and the ones that took most of it. */
     report(creates: number, top = args.statements): string {
       on = false;
+      const byText = new Map<string, { count: number; ms: number }>();
+      for (const m of sent) {
+        const key = keyOf(m.client, m.text);
+        const s = byText.get(key) ?? { count: 0, ms: 0 };
+        s.count++;
+        s.ms += m.ms;
+        byText.set(key, s);
+      }
+      sent = [];
       const rows = [...byText.entries()].sort((a, b) => b[1].ms - a[1].ms);
       const count = rows.reduce((n, [, s]) => n + s.count, 0);
       const ms = rows.reduce((n, [, s]) => n + s.ms, 0);

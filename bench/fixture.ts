@@ -58,8 +58,8 @@ export async function hostedFixture(platform: Platform, opts: { nodes?: number; 
   return { ...fx, instanceIds };
 }
 
+/** What the API's createInstance admits with (its remembered catalogs included), keys made here. */
 export const admissionDeps = (platform: Platform): AdmissionDeps => ({
-  ...platform.drivers,
-  sealer: platform.sealer,
+  ...platform.admission,
   newIdempotencyKey: () => randomBytes(8).toString("hex"),
 });

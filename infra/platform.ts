@@ -3,6 +3,7 @@ import { ensureOperatorIdentity, newOperatorToken } from "../core/auth/tokens.ts
 import { type ImageResolver, tableImages } from "../core/catalog/images.ts";
 import type { AdmissionDeps } from "../core/instances/admission.ts";
 import type { WatchedEvent } from "../core/instances/events.ts";
+import { lookupCache } from "../core/instances/lookup.ts";
 import type { Instance } from "../core/instances/model.ts";
 import { type Clock, systemClock } from "../core/kernel/clock.ts";
 import type { Sql } from "../core/kernel/db.ts";
@@ -218,7 +219,7 @@ export async function openPlatform(config: Config, opts: PlatformOptions = {}): 
     operatorToken,
     dev: embedded,
     drivers,
-    admission: { ...drivers, sealer: seal, newIdempotencyKey: () => crypto.randomUUID() },
+    admission: { ...drivers, sealer: seal, newIdempotencyKey: () => crypto.randomUUID(), lookups: lookupCache() },
     write,
     read,
     sync: {

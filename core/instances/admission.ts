@@ -2,17 +2,17 @@ import { z } from "zod";
 import { AppError, notFound } from "../../contracts/errors.ts";
 import type { NetworkPolicy } from "../../contracts/host.ts";
 import { openSpanSql, spanOwner, spanParams } from "../books/spans.ts";
-import type { ResolvedImage } from "../catalog/images.ts";
 import { chargeOf, type Shape, shape as shapeSchema } from "../catalog/shapes.ts";
 import { instanceId } from "../kernel/ids.ts";
 import type { Sealer } from "../kernel/seal.ts";
 import { idempotencyKey, parseInput } from "../kernel/validation.ts";
-import type { Write } from "../kernel/write.ts";
+import { ContendedWrite, type Write } from "../kernel/write.ts";
 import type { DriverDeps } from "../pools/driver.ts";
-import { type PoolJson, poolFromJson } from "../pools/pools.ts";
+import { poolFromJson } from "../pools/pools.ts";
 import { driverFor } from "../pools/registry.ts";
 import { chargeRows, chargeSql, ensureUsageRows, needsUsageRows, quotaRefusal } from "../tenancy/quota.ts";
 import { eventMessage } from "./changes.ts";
+import { admits, type Catalog, catalogSql, type LookupCache } from "./lookup.ts";
 import { INSTANCE_COLUMNS, type Instance } from "./model.ts";
 import { sshPublicKey } from "./ssh.ts";
 
@@ -36,6 +36,8 @@ export type CreateInstanceInput = z.input<typeof createInput>;
 export interface AdmissionDeps extends DriverDeps {
   sealer: Sealer;
   newIdempotencyKey: () => string;
+  /** Catalogs remembered from earlier creates (lookup.ts); without it every create looks its catalog up. */
+  lookups?: LookupCache;
 }
 
 export interface Caller {
@@ -86,34 +88,30 @@ export async function admitInstance(w: Write, deps: AdmissionDeps, caller: Calle
 
   // The image too, where the resolver can say it in SQL: hosted pools need it, and this statement goes anyway.
   const image = deps.images.inStatement?.bind(deps.images);
-  // Identical creates race to the instance's primary key: the loser's write fails on it once the winner
-  // commits and is run again by the write runner (infra/platform.ts), when this lookup finds the winner's row.
-  const [found] = await sql.query<{
-    existing: boolean;
-    sameRequest: boolean;
-    pool: PoolJson | null;
-    flavor: (Shape & { name: string }) | null;
-    projectOk: boolean;
-    image?: ResolvedImage | null;
-  }>(
-    `SELECT i.id IS NOT NULL AS existing, i.request_hash IS NOT DISTINCT FROM $6 AS "sameRequest",
-            CASE WHEN p.id IS NULL THEN NULL ELSE jsonb_build_object('id', p.id, 'name', p.name, 'class', p.class, 'agent', p.agent,
-              'runtime', p.runtime, 'providerAccountId', p.provider_account_id,
-              'singleTenant', COALESCE((p.policy->>'singleTenant')::boolean, false), 'createdAt', p.created_at) END AS pool,
-            (SELECT jsonb_build_object('name', f.name, 'vcpus', f.vcpus, 'memoryMib', f.memory_mib, 'diskGib', f.disk_gib, 'gpus', f.gpus)
-               FROM flavors f WHERE f.pool_id = p.id AND f.name = $3) AS flavor,
-            ($4::text IS NULL OR EXISTS (SELECT 1 FROM projects WHERE id = $4 AND tenant_id = $5)) AS "projectOk"
-            ${image ? `, ${image("$7", "$5")} AS image` : ""}
-       FROM (SELECT 1) one LEFT JOIN instances i ON i.id = $1 LEFT JOIN pools p ON p.id = $2`,
-    [id, input.poolId, input.flavor, input.projectId ?? null, caller.tenantId, requestHash, ...(image ? [input.imageId] : [])],
-  );
-  if (found?.existing) {
-    if (!found.sameRequest) throw new AppError("CONFLICT", `idempotency key ${key} was used for a different request`, { instanceId: id });
-    const [inst] = await sql.query<Instance>(`SELECT ${INSTANCE_COLUMNS} FROM instances WHERE id = $1`, [id]);
-    w.unchanged();
-    return inst as Instance;
+  const lookupKey = JSON.stringify([caller.tenantId, input.poolId, input.flavor, input.imageId, input.projectId ?? null, !!image]);
+  // A retry always looks up: the remembered catalog may be why the first attempt was refused.
+  const remembered = w.attempt === 1 ? deps.lookups?.get(lookupKey) : undefined;
+  let found: Catalog;
+  if (remembered) found = remembered;
+  else {
+    // Identical creates race to the instance's primary key: the loser's write fails on it once the winner
+    // commits and is run again by the write runner (infra/platform.ts), when this lookup finds the winner's row.
+    const [row] = await sql.query<{ existing: boolean; sameRequest: boolean; catalog: Catalog }>(
+      `SELECT i.id IS NOT NULL AS existing, i.request_hash IS NOT DISTINCT FROM $6 AS "sameRequest",
+              ${catalogSql({ pool: "$2", flavor: "$3", project: "$4", tenant: "$5", image: "$7" }, image)} AS catalog
+         FROM (SELECT 1) one LEFT JOIN instances i ON i.id = $1`,
+      [id, input.poolId, input.flavor, input.projectId ?? null, caller.tenantId, requestHash, ...(image ? [input.imageId] : [])],
+    );
+    if (row?.existing) {
+      if (!row.sameRequest) throw new AppError("CONFLICT", `idempotency key ${key} was used for a different request`, { instanceId: id });
+      const [inst] = await sql.query<Instance>(`SELECT ${INSTANCE_COLUMNS} FROM instances WHERE id = $1`, [id]);
+      w.unchanged();
+      return inst as Instance;
+    }
+    found = (row as NonNullable<typeof row>).catalog;
+    if (admits(found)) deps.lookups?.set(lookupKey, found);
   }
-  if (!found?.pool) throw notFound("pool", input.poolId);
+  if (!found.pool) throw notFound("pool", input.poolId);
   const pool = poolFromJson(found.pool);
   const driver = driverFor(pool.class);
   if (!found.projectOk) throw notFound("project", input.projectId as string);
@@ -160,15 +158,32 @@ export async function admitInstance(w: Write, deps: AdmissionDeps, caller: Calle
     params.push(v);
     return `$${params.length}`;
   };
+  // A remembered catalog is read again here, with whether the instance exists (a replay's lookup would have
+  // found it): the statement takes nothing unless both are as the create was built on.
+  const fresh = remembered
+    ? `fresh AS (SELECT NOT EXISTS (SELECT FROM instances WHERE id = ${add(id)}) AS absent,
+         ${catalogSql(
+           {
+             pool: add(input.poolId),
+             flavor: add(input.flavor),
+             project: add(input.projectId ?? null),
+             tenant: add(caller.tenantId),
+             image: image ? add(input.imageId) : "NULL",
+           },
+           image,
+         )} = ${add(JSON.stringify(remembered))}::jsonb AS same), `
+    : "";
+  const gate = remembered ? "EXISTS (SELECT FROM fresh WHERE absent AND same)" : "true";
   const deferred = placed.deferred;
   let held: string;
   if (deferred) {
     const first = params.length;
     params.push(...deferred.params);
-    held = deferred.ctes((k) => `$${first + k}`);
+    held = deferred.ctes((k) => `$${first + k}`, gate);
   } else {
     held = `held AS (SELECT ${add(placed.nodeId)}::text AS node_id, ${add(placed.converged?.specGeneration ?? 0)}::int AS generation,
-                    ${add(placed.addresses)}::text[] AS addresses, ${add(placed.allocationId)}::text AS allocation_id, NULL::text AS picked)`;
+                    ${add(placed.addresses)}::text[] AS addresses, ${add(placed.allocationId)}::text AS allocation_id, NULL::text AS picked
+                     WHERE ${gate})`;
   }
   // The hold was taken (a pool class that holds nothing on admission has nothing to take).
   const holds = `(held.node_id IS NOT NULL OR ${add(!placed.nodeId && !deferred)}::boolean)`;
@@ -199,11 +214,11 @@ export async function admitInstance(w: Write, deps: AdmissionDeps, caller: Calle
           "i",
         );
   type Held = { node_id: string | null; addresses: string[] | null; picked: string | null };
-  type Outcome = { raised: string[] | null; held: Held | null };
+  type Outcome = { raised: string[] | null; held: Held | null; fresh?: { absent: boolean; same: boolean } | null };
   type Row = Instance & { eventIds: string[] | null; outcome: Outcome };
   // The whole write: its last statement commits it (Sql.commitWith), and so must fail outright on a refusal.
   const commit = opts.commits ? (sql.commitWith as ((t: string, p: readonly unknown[]) => Promise<Row[]>) | undefined) : undefined;
-  const text = `WITH ${held},
+  const text = `WITH ${fresh}${held},
      q AS (${chargeSql(add(caller.tenantId), add(resources), add(amounts), `EXISTS (SELECT FROM held WHERE ${holds})`)}),
      i AS (
        INSERT INTO instances (id, tenant_id, pool_id, project_id, owner_identity_id, idempotency_key, request_hash, flavor, vcpus,
@@ -230,7 +245,8 @@ export async function admitInstance(w: Write, deps: AdmissionDeps, caller: Calle
         ORDER BY s.version RETURNING id, version)
      ${span ? `, span AS (${span})` : ""}
      ${audit ? `, audited AS (${audit})` : ""},
-     outcome AS (SELECT (SELECT array_agg(resource) FROM q) AS raised, (SELECT to_jsonb(held) FROM held) AS held)
+     outcome AS (SELECT (SELECT array_agg(resource) FROM q) AS raised, (SELECT to_jsonb(held) FROM held) AS held
+                        ${remembered ? ", (SELECT to_jsonb(fresh) FROM fresh) AS fresh" : ""})
      SELECT ${INSTANCE_COLUMNS}, (SELECT array_agg(id::text ORDER BY version) FROM e) AS "eventIds", to_jsonb(outcome) AS outcome
             ${commit ? ", CASE WHEN i.id IS NULL THEN admission_refused(to_jsonb(outcome)) END AS refused" : ""}
        FROM outcome LEFT JOIN i ON true`;
@@ -242,7 +258,12 @@ export async function admitInstance(w: Write, deps: AdmissionDeps, caller: Calle
     row = { outcome: JSON.parse((e as { detail: string }).detail) as Outcome } as typeof row;
   }
   if (!row?.eventIds) {
-    const outcome = row?.outcome ?? { raised: null, held: null };
+    const outcome: Outcome = row?.outcome ?? { raised: null, held: null };
+    if (outcome.fresh && !(outcome.fresh.absent && outcome.fresh.same)) {
+      // Not a refusal: the create was built on what is no longer so (or it is a replay). Run it again, looked up.
+      if (!outcome.fresh.same) deps.lookups?.forget(lookupKey);
+      throw new ContendedWrite(`the create of ${id} was built on a remembered catalog that changed, or replays one`);
+    }
     if (deferred && !outcome.held?.node_id)
       throw await deferred.refusal(sql, { addresses: outcome.held?.addresses ?? null, picked: outcome.held?.picked ?? null });
     throw await quotaRefusal(sql, caller.tenantId, charge, outcome.raised ?? []);

@@ -99,11 +99,12 @@ export interface Placed {
  * Statement parts a driver hands admission. `ctes(p)` (no leading WITH) end in `held`, always one row:
  * `node_id`, `generation` (the node's spec generation after the claim), `addresses`, `allocation_id` (null when
  * not taken), `picked` (the node chosen, even if not taken); a CTE `made` holds the new allocation row (id,
- * vcpus, memory_mib) for the meter span; p(k) is the statement's placeholder for params[k - 1].
+ * vcpus, memory_mib) for the meter span; p(k) is the statement's placeholder for params[k - 1]. Nothing is
+ * taken unless `gate` (an SQL condition of the statement's) holds.
  * When `held.node_id` is null, `refusal` says why, or throws a retryable error when it was only contention.
  */
 export interface DeferredHold {
-  ctes(p: (k: number) => string): string;
+  ctes(p: (k: number) => string, gate: string): string;
   params: unknown[];
   refusal(sql: Sql, held: { addresses: string[] | null; picked: string | null }): Promise<Error>;
 }

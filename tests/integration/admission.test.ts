@@ -1,12 +1,17 @@
+import pg from "pg";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { instanceId } from "../../core/kernel/ids.ts";
 import {
   CreateInstanceDocument,
   CreatePoolDocument,
   CreateProjectDocument,
+  DeleteFlavorDocument,
+  FlavorsDocument,
   InstanceDocument,
   type InstanceFieldsFragment,
   RegisterImageDocument,
   StopInstanceDocument,
+  UpdateFlavorDocument,
 } from "../../sdk/client.ts";
 import { sha256Of, testKey } from "../support/fixtures.ts";
 import { expectCode, type Harness, startHarness } from "../support/harness.ts";
@@ -198,6 +203,76 @@ describe("createInstance on a hosted pool", () => {
     const c = await h.tenant();
     const err = await refusedWithoutTrace(() => create(c.client, { poolId: pool.poolId, flavor: "small", imageId: pool.imageId }), "UNSCHEDULABLE");
     expect(err.message).toMatch(/single-tenant/);
+  });
+});
+
+/** The messages this process sends PostgreSQL while `call` runs that name `needle` (the create's instance id). */
+async function messagesNaming(needle: string, call: () => Promise<unknown>): Promise<string[]> {
+  const proto = pg.Client.prototype as unknown as { query: (...a: unknown[]) => unknown };
+  const query = proto.query;
+  const sent: string[] = [];
+  proto.query = function (this: unknown, ...a: unknown[]) {
+    const text = typeof a[0] === "string" ? a[0] : ((a[0] as { text?: string } | null)?.text ?? "");
+    if (text.includes(needle) || (a[0] as { values?: unknown[] } | null)?.values?.includes(needle)) sent.push(text);
+    return query.apply(this, a);
+  };
+  try {
+    await call();
+  } finally {
+    proto.query = query;
+  }
+  return sent;
+}
+
+describe("createInstance from a remembered catalog", () => {
+  it("is one message for a create like an earlier one, and admits nothing on a flavor or image that changed since", async () => {
+    const t = await h.tenant();
+    const pool = await h.hostedPool({
+      flavors: [
+        { name: "small", vcpus: 2, memoryMib: 2048, diskGib: 20 },
+        { name: "other", vcpus: 1, memoryMib: 1024, diskGib: 10 },
+      ],
+    });
+    const base = { poolId: pool.poolId, flavor: "small", imageId: pool.imageId };
+    const idOf = (key: string) => instanceId(t.id, t.identityId, key);
+    // The first create looks its catalog up: two messages, the lookup (with BEGIN) and admission (with COMMIT).
+    expect(await messagesNaming(idOf("k1"), () => create(t.client, { ...base, idempotencyKey: "k1" }))).toHaveLength(2);
+    const again = await messagesNaming(idOf("k2"), () => create(t.client, { ...base, idempotencyKey: "k2" }));
+    expect(again).toHaveLength(1);
+    expect(again[0]).toMatch(/BEGIN; EXECUTE bcx_\d+\(.*\); COMMIT$/s);
+
+    // A changed flavor: the remembered shape is refused by the statement, and the create runs on the new one.
+    const flavors = (await h.operator.request(FlavorsDocument, { poolId: pool.poolId })).flavors;
+    const small = flavors.find((f) => f.name === "small");
+    await h.operator.request(UpdateFlavorDocument, { id: small?.id as string, input: { vcpus: 3 } });
+    const bigger = await create(t.client, { ...base, idempotencyKey: "k3" });
+    expect(bigger.vcpus).toBe(3);
+    const usage = await h.platform.db.prisma.quotaUsage.findUniqueOrThrow({ where: { tenantId_resource: { tenantId: t.id, resource: "vcpus" } } });
+    expect(Number(usage.used)).toBe(2 + 2 + 3);
+    // And is remembered as it now is.
+    expect(await messagesNaming(idOf("k4"), () => create(t.client, { ...base, idempotencyKey: "k4" }))).toHaveLength(1);
+
+    // A deleted flavor, and an image withdrawn behind the API's back: refused as NOT_FOUND, leaving nothing.
+    await create(t.client, { ...base, flavor: "other", idempotencyKey: "k5" });
+    await h.operator.request(DeleteFlavorDocument, { id: flavors.find((f) => f.name === "other")?.id as string });
+    await refusedWithoutTrace(() => create(t.client, { ...base, flavor: "other", idempotencyKey: "k6" }), "NOT_FOUND");
+    await h.platform.db.prisma.image.update({ where: { id: pool.imageId }, data: { deletedAt: new Date() } });
+    await refusedWithoutTrace(() => create(t.client, { ...base, idempotencyKey: "k7" }), "NOT_FOUND");
+    expect(await invariantViolations(h.platform)).toEqual([]);
+  });
+
+  it("still answers a replay with the instance it made, and a different request under its key with CONFLICT", async () => {
+    const t = await h.tenant();
+    const pool = await h.hostedPool();
+    const input = { poolId: pool.poolId, flavor: "small", imageId: pool.imageId };
+    await create(t.client, { ...input, idempotencyKey: "first" });
+    const a = await create(t.client, { ...input, idempotencyKey: "replayed" });
+    const before = await ledger(h.platform);
+    const b = await create(t.client, { ...input, idempotencyKey: "replayed" });
+    expect(b).toEqual(a);
+    expect(await ledger(h.platform)).toEqual(before);
+    await refusedWithoutTrace(() => create(t.client, { ...input, idempotencyKey: "replayed", desiredState: "STOPPED" }), "CONFLICT");
+    expect(await invariantViolations(h.platform)).toEqual([]);
   });
 });
 

@@ -136,7 +136,7 @@ function deferredHold(w: Write, req: AdmitRequest, placeReq: PlaceRequest): Defe
   const placement = placeInStatement(placeReq, w.ids("alloc"), "EXISTS (SELECT FROM lease)");
   return {
     params: [req.pool.id, req.instanceId, w.now, ...placement.params],
-    ctes: (p) => `lease AS (${leaseSql(p(1), p(2), p(3))}),
+    ctes: (p, gate) => `lease AS (${leaseSql(p(1), p(2), p(3), gate)}),
        ${placement.ctes((k) => p(k + 3))},
        held AS (SELECT claimed.id AS node_id, claimed.spec_generation AS generation, (SELECT array_agg(address) FROM lease) AS addresses,
                        made.id AS allocation_id, (SELECT id FROM pick) AS picked

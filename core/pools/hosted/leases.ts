@@ -15,10 +15,11 @@ export async function createAddresses(sql: Sql, ipPoolId: string, range: Range):
  * The lease: the lowest free address of the pool's range. SKIP LOCKED lets concurrent creates take different
  * rows without waiting; an address another transaction is claiming is not free for this one. The range id
  * is a scalar subquery so the partial index on free rows serves the ORDER BY (a join made PostgreSQL sort
- * every free row of a /16: 67 ms against 0.5 ms). Placeholders: pool, instance, time.
+ * every free row of a /16: 67 ms against 0.5 ms). Placeholders: pool, instance, time; nothing is leased
+ * unless `gate` holds.
  */
-export const leaseSql = (pool: string, instance: string, at: string) => `UPDATE ip_addresses SET instance_id = ${instance}, leased_at = ${at}
-      WHERE ip_pool_id = (SELECT id FROM ip_pools WHERE pool_id = ${pool}) AND "offset" = (
+export const leaseSql = (pool: string, instance: string, at: string, gate = "true") => `UPDATE ip_addresses SET instance_id = ${instance}, leased_at = ${at}
+      WHERE ${gate} AND ip_pool_id = (SELECT id FROM ip_pools WHERE pool_id = ${pool}) AND "offset" = (
         SELECT "offset" FROM ip_addresses WHERE ip_pool_id = (SELECT id FROM ip_pools WHERE pool_id = ${pool}) AND instance_id IS NULL
          ORDER BY "offset" LIMIT 1 FOR UPDATE SKIP LOCKED)
       RETURNING address`;
