@@ -181,6 +181,11 @@ export async function startServer(platform: Platform, opts: { port?: number; hos
     return yoga.handle(req, res, { scope });
   };
   const server = createServer(withAccessLog(platform.log, handle));
+  // Node drops a kept-alive connection idle for 5 s, so a client that acts every few seconds (a script between
+  // steps, a dashboard between clicks) pays a new connection each time, and one behind a load balancer sees resets
+  // when the balancer reuses a connection the server is closing. 65 s outlasts the usual balancer idle timeout;
+  // the Keep-Alive header announces it, and Node's own clients (the SDK) keep theirs open that long.
+  server.keepAliveTimeout = 65_000;
 
   // Subscriptions share the port: graphql-ws on the same path, executed through yoga's envelop (docs/architecture.md, Pitfalls).
   // A connection authenticates once, from connectionParams; the live hub ends it when that credential stops working.

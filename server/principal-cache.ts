@@ -8,7 +8,7 @@ import type { Platform } from "../infra/platform.ts";
  * over the bus and drops the credential here before the next request; `ttlMs` bounds how long a missed message
  * (pub/sub down) could let a revoked credential through, and an expiry is checked on every hit. Only credentials
  * that resolved are kept: an unknown token is read every time, as any caller is limited, and cannot fill this.
- * A credential used past half its time here is read again behind the request that used it: a caller that keeps
+ * A credential used past half its time here is read again shortly after the request that used it: a caller that keeps
  * coming never waits on that read (it cost the first request after each expiry a round trip or more), and one
  * that stops is forgotten at ttlMs as before.
  */
@@ -48,7 +48,12 @@ export class PrincipalCache {
     const hash = sha256Hex(bearer);
     const hit = this.byHash.get(hash);
     if (hit && hit.until > Date.now() && !expired(hit.principal, now)) {
-      if (hit.until - Date.now() < this.ttlMs / 2 && !this.refreshing.has(hash)) void this.refresh(hash, lookup);
+      if (hit.until - Date.now() < this.ttlMs / 2 && !this.refreshing.has(hash)) {
+        this.refreshing.add(hash);
+        // Once the request that found it has sent its own statements: sent at once, the read went to the
+        // database ahead of them and held them up (seen: a pause's lock 2 ms later on a quiet server).
+        setTimeout(() => void this.refresh(hash, lookup), REFRESH_AFTER_MS).unref();
+      }
       return hit.principal;
     }
     if (hit) this.byHash.delete(hash);
@@ -65,7 +70,6 @@ export class PrincipalCache {
 
   /** Read a remembered credential again and keep what it says now, unless a revocation overtook the read. */
   private async refresh(hash: string, lookup: () => Promise<Principal | null>): Promise<void> {
-    this.refreshing.add(hash);
     const before = this.revoked;
     try {
       const found = await lookup();
@@ -91,5 +95,8 @@ export class PrincipalCache {
     await r?.return?.();
   }
 }
+
+/** How long after the request that found a credential past half its time the read of it starts. */
+const REFRESH_AFTER_MS = 50;
 
 const expired = (p: Principal, now: Date) => !!p.credential?.expiresAt && p.credential.expiresAt <= now;

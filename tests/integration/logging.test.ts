@@ -1,3 +1,4 @@
+import http from "node:http";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { logger } from "../../infra/log.ts";
 import { until } from "../support/fixtures.ts";
@@ -100,6 +101,34 @@ describe("request ids and access lines", () => {
     expect(error).toMatchObject({ level: "error" });
     expect(String(error?.err)).toMatch(/pools/);
     expect(await accessLine(id)).toMatchObject({ operation: "AllPools", principal: "operator", code: "INTERNAL" });
+  });
+});
+
+describe("kept-alive connections", () => {
+  it("are announced for 65 s, which Node's agents (the SDK's) keep them open for, and serve request after request", async () => {
+    const agent = new http.Agent({ keepAlive: true, timeout: 120_000 });
+    const post = () =>
+      new Promise<{ keepAlive: unknown; socket: object; timeout: number }>((resolve, reject) => {
+        const req = http.request(h.url, { method: "POST", agent, headers: { "content-type": "application/json" } }, (res) => {
+          res.resume();
+          // The agent applies the announced time once the response ends, when it keeps the socket.
+          res.on("end", () =>
+            setImmediate(() => resolve({ keepAlive: res.headers["keep-alive"], socket: req.socket as object, timeout: req.socket?.timeout ?? 0 })),
+          );
+        });
+        req.on("error", reject);
+        req.end(JSON.stringify({ query: "{ __typename }" }));
+      });
+    try {
+      const first = await post();
+      const second = await post();
+      expect(first.keepAlive).toBe("timeout=65");
+      expect(second.socket).toBe(first.socket);
+      // Node's agent closes an idle socket a second before the time the server announced.
+      expect(second.timeout).toBe(64_000);
+    } finally {
+      agent.destroy();
+    }
   });
 });
 
