@@ -309,7 +309,7 @@ async function run() {
   const hints = new Map<string, number>();
   const hinted = platform.bus.subscribe("instanceEvents");
   const hearing = (async () => {
-    for await (const m of hinted) hints.set(m.cursor, Date.now());
+    for await (const m of hinted) for (const e of m.events) hints.set(e.cursor, Date.now());
   })();
 
   const subs = Array.from(

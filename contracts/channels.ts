@@ -6,18 +6,24 @@ import { hostCommand } from "./host.ts";
  * Messages are hints that something committed; the event table stays the source of truth, so a lost message
  * delays a subscriber (each server also polls the table) and never loses an event.
  */
+/** An instance event committed; `cursor` is its position in commit order (core/instances/events.ts). */
+const instanceEvent = z.object({
+  cursor: z.string(),
+  instanceId: z.string(),
+  tenantId: z.string(),
+  poolId: z.string(),
+  projectId: z.string().nullable(),
+  fromState: z.string().nullable(),
+  toState: z.string(),
+  version: z.number().int(),
+});
+
 export const channels = {
-  /** An instance event committed; `cursor` is its position in commit order (core/instances/events.ts). */
-  instanceEvents: z.object({
-    cursor: z.string(),
-    instanceId: z.string(),
-    tenantId: z.string(),
-    poolId: z.string(),
-    projectId: z.string().nullable(),
-    fromState: z.string().nullable(),
-    toState: z.string(),
-    version: z.number().int(),
-  }),
+  /**
+   * The instance events one write committed, in position order: one message per write (a create's three steps
+   * are one PUBLISH, and one message for every process subscribed, not three).
+   */
+  instanceEvents: z.object({ events: z.array(instanceEvent) }),
   /** A node's desired set changed; keyed by node id, so each agent hears only its own. */
   nodeSpecs: z.object({ nodeId: z.string(), generation: z.number().int() }),
   /**
@@ -32,4 +38,4 @@ export const channels = {
   credentialsRevoked: z.object({ key: z.string() }),
 } as const;
 export type Channels = { [K in keyof typeof channels]: z.infer<(typeof channels)[K]> };
-export type InstanceEventMessage = Channels["instanceEvents"];
+export type InstanceEventMessage = z.infer<typeof instanceEvent>;

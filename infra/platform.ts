@@ -145,7 +145,7 @@ export async function openPlatform(config: Config, opts: PlatformOptions = {}): 
               log.warn("handing events to the live feed failed", { actor: w.actor, err: String(err) });
             }
       }
-      for (const e of w.events) bus.publish("instanceEvents", e);
+      if (w.events.length) bus.publish("instanceEvents", { events: w.events });
       counts.eventsPublished += w.events.length;
       for (const commandId of w.execOutputs) bus.publish("execOutput", { commandId }, commandId);
       for (const instanceId of w.wakes) if (!w.settled.has(instanceId)) enqueued.push(jobs.enqueue("vps.instances", { instanceId }));

@@ -54,7 +54,8 @@ export class EventFeed {
     const hints = platform.bus.subscribe("instanceEvents");
     feed.hints = hints;
     feed.listening = (async () => {
-      for await (const m of hints) feed.hint((m as { cursor?: unknown }).cursor);
+      // The write's last event is its highest position; a message of another shape just makes the feed read.
+      for await (const m of hints) feed.hint((m as { events?: { cursor?: unknown }[] }).events?.at(-1)?.cursor);
     })().catch((e) => platform.log.warn("event feed lost its pub/sub subscription", { err: String(e) }));
     feed.head = await platform.read(headPosition);
     platform.localEvents.add(feed.onLocal);

@@ -61,9 +61,13 @@ describe("after commit", () => {
     // A second process's view: its own Redis connections on the same prefix.
     const bus = await openBus({ redisUrl, prefix: h.redisPrefix });
     const seen: InstanceEventMessage[] = [];
+    const batches: string[][] = [];
     const sub = bus.subscribe("instanceEvents");
     const reading = (async () => {
-      for await (const m of sub) seen.push(m);
+      for await (const m of sub) {
+        seen.push(...m.events);
+        batches.push(m.events.map((e) => e.instanceId));
+      }
     })();
     // Subscribing is asynchronous: publish probes until the subscription is live.
     const probe: InstanceEventMessage = {
@@ -79,7 +83,7 @@ describe("after commit", () => {
     await expect
       .poll(
         () => {
-          h.platform.bus.publish("instanceEvents", probe);
+          h.platform.bus.publish("instanceEvents", { events: [probe] });
           return seen.length;
         },
         { timeout: 5000, interval: 50 },
@@ -92,8 +96,9 @@ describe("after commit", () => {
     await t.client.request(StopInstanceDocument, { id: inst.id });
     await t.client.request(StartInstanceDocument, { id: inst.id });
     const mine = () => seen.filter((m) => m.instanceId === inst.id);
-    // Created, scheduled and placed (one write), then stopped and started.
+    // Created, scheduled and placed (one write, so one message), then stopped and started (one each).
     await expect.poll(() => mine().length, { timeout: 5000, interval: 20 }).toBe(5);
+    expect(batches.filter((b) => b.includes(inst.id)).map((b) => b.length)).toEqual([3, 1, 1]);
     await sub.return?.();
     await reading;
     await bus.close();
