@@ -7,7 +7,8 @@
  *     agent, libvirt-kvm runtime, report), against the same work done bare through the bindings: overlay,
  *     seed, define and start of the same domain. Goal: ratio of medians <= 1.10, no round above 1.25.
  * (b) pause and resume of a booted guest through the platform (pauseInstance / startInstance → PAUSED /
- *     RUNNING) against bare suspend / resume calls on the bindings. Goal: the bare call + 15 ms.
+ *     RUNNING) against bare suspend / resume calls on the bindings. Goal: the bare call + 15 ms. Then a few
+ *     more pairs on each side, back to back.
  * Before the timed rounds the platform pauses and resumes one instance `warm` times, as a platform in service has
  * run those paths before; the first of those pairs is printed too, as the cold figure.
  * `BENCH_TRACE=1` prints, per pause and resume, when the request was answered and when the host's call ran.
@@ -32,6 +33,12 @@ const median = (xs: number[]) =>
     50,
   );
 const ms = (x: number) => `${x.toFixed(0)} ms`;
+/**
+ * Pairs of pause and resume per round after the timed pair, each right after the one before. The timed pause
+ * comes after the guest's boot, a quiet spell of seconds, and the resume right after it; these say what each
+ * costs with no quiet spell before it, on both sides.
+ */
+const BACK_TO_BACK = 3;
 
 /**
  * Until the guest's init has said it is ready on its console: both sides pause and resume a booted guest. Under
@@ -70,10 +77,19 @@ async function bareHost(guest: Awaited<ReturnType<typeof buildGuest>>, bridge: s
     const t3 = performance.now();
     await hv.domainResume(dom);
     const t4 = performance.now();
+    const hot = { pause: [] as number[], resume: [] as number[] };
+    for (let k = 0; k < BACK_TO_BACK; k++) {
+      const h0 = performance.now();
+      await hv.domainSuspend(dom);
+      const h1 = performance.now();
+      await hv.domainResume(dom);
+      hot.pause.push(h1 - h0);
+      hot.resume.push(performance.now() - h1);
+    }
     await hv.domainDestroy(dom);
     await hv.domainUndefine(dom);
     rmSync(d, { recursive: true, force: true });
-    return { create: t2 - t0, defineStart: t2 - t1, pause: t3 - t2b, resume: t4 - t3 };
+    return { create: t2 - t0, defineStart: t2 - t1, pause: t3 - t2b, resume: t4 - t3, pauseHot: median(hot.pause), resumeHot: median(hot.resume) };
   }
   return { once, close: () => hv.connectClose() };
 }
@@ -200,8 +216,13 @@ async function platformHost(guest: Awaited<ReturnType<typeof buildGuest>>, bridg
     await booted(runtime.consolePath(id));
     const pause = await timed("PAUSED", async () => (await t.request(bc.PauseInstanceDocument, { id })).pauseInstance.id);
     const resume = await timed("RUNNING", async () => (await t.request(bc.StartInstanceDocument, { id })).startInstance.id);
+    const hot = { pause: [] as number[], resume: [] as number[] };
+    for (let k = 0; k < BACK_TO_BACK; k++) {
+      hot.pause.push(await timed("PAUSED", async () => (await t.request(bc.PauseInstanceDocument, { id })).pauseInstance.id));
+      hot.resume.push(await timed("RUNNING", async () => (await t.request(bc.StartInstanceDocument, { id })).startInstance.id));
+    }
     await timed("DELETED", async () => (await t.request(bc.DeleteInstanceDocument, { id })).deleteInstance.id);
-    return { create, pause, resume };
+    return { create, pause, resume, pauseHot: median(hot.pause), resumeHot: median(hot.resume) };
   }
   async function closeAll() {
     stop.abort();
@@ -245,8 +266,9 @@ async function run_() {
       `ratio of medians: ${(of(p, "create") / of(b, "create")).toFixed(2)}; per round: median ${median(ratios).toFixed(2)}, ` +
         `range ${Math.min(...ratios).toFixed(2)}–${Math.max(...ratios).toFixed(2)} (goal: ratio of medians <= 1.10, no round above 1.25)`,
     );
-    const over = (k: "pause" | "resume") => `bare ${ms(of(b, k))}, platform ${ms(of(p, k))} (+${ms(of(p, k) - of(b, k))})`;
+    const over = (k: "pause" | "resume" | "pauseHot" | "resumeHot") => `bare ${ms(of(b, k))}, platform ${ms(of(p, k))} (+${ms(of(p, k) - of(b, k))})`;
     console.log(`pause:  ${over("pause")}; resume: ${over("resume")} (medians; goal: + 15 ms at most)`);
+    console.log(`  ${BACK_TO_BACK} more pairs per round, each call right after the last: pause ${over("pauseHot")}; resume ${over("resumeHot")}`);
     console.log(
       `  the platform's first pause and resume, before ${args.warm} untimed ones warmed its code: ` +
         `pause +${ms(cold.pause - of(b, "pause"))}, resume +${ms(cold.resume - of(b, "resume"))}`,
