@@ -2,6 +2,7 @@ import { mkdtempSync, rmSync, writeSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { parseArgs } from "node:util";
+import { Redis } from "ioredis";
 import { startAgent } from "../agent/index.ts";
 import { createFakeRuntime } from "../agent/runtimes/fake/index.ts";
 import * as bc from "../sdk/client.ts";
@@ -17,6 +18,12 @@ const { values } = parseArgs({
      * then paused and resumed, each timed to its PAUSED and RUNNING event (the power commands' round trip).
      */
     latency: { type: "string" },
+    /**
+     * Latency mode: ms of quiet before each pause and each resume (0: each right after the event before it).
+     * An owner's pause usually comes after a quiet spell, and the first request after one pays for the wake-ups
+     * of every process on its path.
+     */
+    quiet: { type: "string", default: "0" },
   },
 });
 const hosts = Number(values.hosts);
@@ -89,6 +96,8 @@ async function once(n: number) {
  * platform and a host holding nothing: the path, not a queue or a host's growing spec.
  */
 async function latency(n: number) {
+  const quiet = Number(values.quiet);
+  const quietSpell = () => (quiet > 0 ? new Promise((r) => setTimeout(r, quiet)) : undefined);
   const { api, close } = await platformWithHosts();
   const waiting = new Map<string, (at: number) => void>();
   // An event may beat the request's own response home: keep it for the wait that follows.
@@ -129,9 +138,11 @@ async function latency(n: number) {
       input: { poolId: api.poolId, flavor: "tiny", imageId: api.imageId, idempotencyKey: `l${k}` },
     });
     times.push((await reached(`RUNNING ${inst.id}`)) - start);
+    await quietSpell();
     const pausing = performance.now();
     await api.tenant.request(bc.PauseInstanceDocument, { id: inst.id });
     pauses.push((await reached(`PAUSED ${inst.id}`)) - pausing);
+    await quietSpell();
     const resuming = performance.now();
     await api.tenant.request(bc.StartInstanceDocument, { id: inst.id });
     resumes.push((await reached(`RUNNING ${inst.id}`)) - resuming);
@@ -149,6 +160,7 @@ async function latency(n: number) {
         WHERE gap IS NOT NULL GROUP BY 1 ORDER BY first`,
     ),
   );
+  const hops = quiet > 0 ? await oneHop(api.platform, quiet) : null;
   await close();
   const q = (xs: number[], p: number) => xs.toSorted((a, b) => a - b)[Math.min(xs.length - 1, Math.floor(p * xs.length))] as number;
   return {
@@ -158,16 +170,52 @@ async function latency(n: number) {
     pause: { p50: q(pauses, 0.5), p99: q(pauses, 0.99) },
     resume: { p50: q(resumes, 0.5), p99: q(resumes, 0.99) },
     steps,
+    hops,
   };
+}
+
+/**
+ * The machine's own cost of a quiet spell: one round trip to PostgreSQL (`SELECT 1` through the platform's
+ * pool) and one to Redis (`PING`), each timed right after another and after `quiet` ms of nothing, medians of 9.
+ */
+async function oneHop(platform: Awaited<ReturnType<typeof benchApi>>["platform"], quiet: number) {
+  const redis = new Redis(platform.config.redisUrl as string);
+  const timed = async (call: () => Promise<unknown>, wait: number) => {
+    const xs: number[] = [];
+    for (let i = 0; i < 9; i++) {
+      await (wait ? new Promise((r) => setTimeout(r, wait)) : call());
+      const t0 = performance.now();
+      await call();
+      xs.push(performance.now() - t0);
+    }
+    return xs.toSorted((a, b) => a - b)[4] as number;
+  };
+  const pgCall = () => platform.read((sql) => sql.query("SELECT 1"));
+  const redisCall = () => redis.ping();
+  const r = {
+    pgHot: await timed(pgCall, 0),
+    pgQuiet: await timed(pgCall, quiet),
+    redisHot: await timed(redisCall, 0),
+    redisQuiet: await timed(redisCall, quiet),
+  };
+  redis.disconnect();
+  return r;
 }
 
 if (values.latency) {
   const n = Number(values.latency);
-  console.log(`converge latency: ${n} creates one at a time, ${hosts} simulated hosts (fake runtime, no delay), PostgreSQL and Redis`);
+  console.log(
+    `converge latency: ${n} creates one at a time, ${hosts} simulated hosts (fake runtime, no delay), PostgreSQL and Redis${Number(values.quiet) ? `; ${values.quiet} ms of quiet before each pause and resume` : ""}`,
+  );
   const r = await latency(n);
   const lines = [
     `create → RUNNING event on a subscription: p50 ${r.p50.toFixed(1)} ms, p99 ${r.p99.toFixed(1)} ms, max ${r.max.toFixed(1)} ms (goal p50 ≤ 30, p99 ≤ 100)`,
     `pause → PAUSED: p50 ${r.pause.p50.toFixed(1)} ms, p99 ${r.pause.p99.toFixed(1)} ms; resume → RUNNING: p50 ${r.resume.p50.toFixed(1)} ms, p99 ${r.resume.p99.toFixed(1)} ms (the fake runtime's calls take ~0 ms)`,
+    ...(r.hops
+      ? [
+          `one round trip right after another / after ${values.quiet} ms of quiet (the machine's own): PostgreSQL SELECT 1 ${r.hops.pgHot.toFixed(2)} / ${r.hops.pgQuiet.toFixed(2)} ms, Redis PING ${r.hops.redisHot.toFixed(2)} / ${r.hops.redisQuiet.toFixed(2)} ms`,
+        ]
+      : []),
     "median time since the previous event, by transition:",
     ...r.steps.map((s) => `  ${s.step.padEnd(36)} ${s.ms.toFixed(1).padStart(7)} ms`),
   ];
