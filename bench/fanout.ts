@@ -1,14 +1,15 @@
 /**
  * Live fan-out against the machine's own limit.
  *
- *   npm run bench:fanout -- [--subscribers 1000] [--rate 20] [--seconds 15] [--warmup 2] [--instances 20] [--procs 2] [--compiled 1]
+ *   npm run bench:fanout -- [--subscribers 1000] [--rate 20] [--seconds 15] [--warmup 2] [--instances 20] [--procs 2] [--servers 1] [--compiled 1]
  *   npm run bench:fanout -- --per-instance 10000 [--rate 100] [--seconds 15] [--warmup 2] [--procs 2] [--compiled 1]
  *
  * A `bc server` process serves websocket (graphql-ws) subscribers held by `procs` child processes of this one
  * (0: by this process itself), while this process changes instances at `rate` per second — each change a real
  * write on the platform's write path: it commits an event and publishes its hint on Redis, as the API and the
  * worker do. The subscribers live apart from the writer so that a burst of deliveries does not hold up the next
- * write's statements (and so inflate the latency it measures).
+ * write's statements (and so inflate the latency it measures). `servers` > 1 starts that many replicas of the
+ * server, as a deployment runs one per core, and spreads the subscribers over them in turn.
  *
  * - Pool mode (the default): `subscribers` connections, each subscribed to every instance event of one pool
  *   (`instanceEvents(poolId)`), while `instances` instances change in turn: each change reaches every subscriber.
@@ -43,6 +44,8 @@ const PER_NODE = 3000;
 const ROLE = "FANOUT_ROLE";
 
 const mib = (b: number) => `${(b / 2 ** 20).toFixed(0)} MiB`;
+/** One server's RSS, or each replica's. */
+const mibs = (bs: number[]) => (bs.length === 1 ? mib(bs[0] as number) : `${bs.map((b) => (b / 2 ** 20).toFixed(0)).join(" + ")} MiB`);
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
 const loadavg = () => readFileSync("/proc/loadavg", "utf8").split(" ").slice(0, 3).join(" ");
 
@@ -62,11 +65,11 @@ function redisPublishRps(): number {
   return Number(rps);
 }
 
-async function startServerProcess(env: NodeJS.ProcessEnv, compiled: boolean): Promise<{ child: ChildProcess; url: string }> {
+async function startServerProcess(env: NodeJS.ProcessEnv, compiled: boolean, build: boolean): Promise<{ child: ChildProcess; url: string }> {
   // FANOUT_NODE_ARGS passes flags to the server's node (e.g. --cpu-prof) when looking into a result.
   const nodeArgs = (process.env.FANOUT_NODE_ARGS ?? "").split(" ").filter(Boolean);
   // As deployed: the compiled build (npm run build), unless --compiled 0 asks for the sources through tsx.
-  if (compiled) execFileSync(process.execPath, ["scripts/build.mjs"], { stdio: "ignore" });
+  if (compiled && build) execFileSync(process.execPath, ["scripts/build.mjs"], { stdio: "ignore" });
   const entry = compiled ? "dist/cli/bc.js" : "bin/bc.mjs";
   const child = spawn(process.execPath, [...nodeArgs, entry, "server"], { env, stdio: ["ignore", "pipe", "pipe"] });
   let out = "";
@@ -84,11 +87,13 @@ async function startServerProcess(env: NodeJS.ProcessEnv, compiled: boolean): Pr
 
 interface Subscription {
   variables: Record<string, string>;
+  /** The server (of `servers`) this subscriber connects to. */
+  server: number;
   /** In per-instance mode, the instance this subscriber watches: anything else reaching it is misdelivered. */
   watched: string | null;
 }
 interface Plan {
-  url: string;
+  urls: string[];
   token: string;
   query: string;
   subs: Subscription[];
@@ -115,13 +120,13 @@ class Subscribers {
 
   async start(plan: Plan): Promise<void> {
     await inParallel(plan.subs.length, plan.width, async (i) => {
-      const { variables, watched } = plan.subs[i] as Subscription;
+      const { variables, watched, server } = plan.subs[i] as Subscription;
       let connected!: () => void;
       const up = new Promise<void>((r) => {
         connected = r;
       });
       const ws = createGraphqlWs({
-        url: plan.url.replace(/^http/, "ws"),
+        url: (plan.urls[server] as string).replace(/^http/, "ws"),
         webSocketImpl: WebSocket,
         connectionParams: { authorization: `Bearer ${plan.token}` },
         retryAttempts: 0,
@@ -244,16 +249,18 @@ function subscriberProcess(): void {
 // ---- The writer: the platform, the server, the changes, the figures. ----
 
 async function run() {
-  const args = benchArgs({ subscribers: 1000, rate: 0, seconds: 15, warmup: 2, instances: 20, procs: 2, compiled: 1, "per-instance": 0 });
+  const args = benchArgs({ subscribers: 1000, rate: 0, seconds: 15, warmup: 2, instances: 20, procs: 2, servers: 1, compiled: 1, "per-instance": 0 });
   const perInstance = args["per-instance"];
   const rate = args.rate || (perInstance ? 100 : 20);
   const subscribers = perInstance || args.subscribers;
   const instanceCount = perInstance || args.instances;
   const procs = Math.max(0, Math.min(args.procs, subscribers));
+  const serverCount = Math.max(1, args.servers);
   if (perInstance)
     console.log(`fanout bench, per instance: ${perInstance} subscribers each watching its own instance, ${rate} changes/s for ${args.seconds} s`);
   else console.log(`fanout bench: ${subscribers} subscribers, ${rate} changes/s for ${args.seconds} s over ${instanceCount} instances`);
   console.log(`subscribers held by:          ${procs ? `${procs} child processes` : "this process"}`);
+  if (serverCount > 1) console.log(`servers:                      ${serverCount} replicas, the subscribers spread over them in turn`);
   const perProcess = Math.ceil(subscribers / Math.max(1, procs));
   const limit = openFileLimit();
   if (limit < Math.max(perProcess, subscribers) + 1000) throw new Error(`open-file limit ${limit} is too low for ${subscribers} sockets: raise it (ulimit -n)`);
@@ -283,26 +290,30 @@ async function run() {
     console.log(`instances admitted:           ${perInstance} in ${((performance.now() - t0) / 1000).toFixed(1)} s`);
   }
   const c = platform.config;
-  const server = await startServerProcess(
-    {
-      ...process.env,
-      DATABASE_URL: c.databaseUrl,
-      REDIS_URL: c.redisUrl,
-      REDIS_PREFIX: c.redisPrefix,
-      OPERATOR_TOKEN: operatorToken,
-      SEAL_KEY: c.sealKey,
-      LOG_LEVEL: "warn",
-      PORT: "0",
-      HOST: "127.0.0.1",
-    },
-    Boolean(args.compiled),
-  );
-  const pid = server.child.pid as number;
-  const idleRss = rssOf(pid);
-  let peakRss = idleRss;
+  const env = {
+    ...process.env,
+    DATABASE_URL: c.databaseUrl,
+    REDIS_URL: c.redisUrl,
+    REDIS_PREFIX: c.redisPrefix,
+    OPERATOR_TOKEN: operatorToken,
+    SEAL_KEY: c.sealKey,
+    LOG_LEVEL: "warn",
+    PORT: "0",
+    HOST: "127.0.0.1",
+  };
+  // Replicas of the server, as a deployment runs one per core: the subscribers are spread over them in turn.
+  const servers: { child: ChildProcess; url: string }[] = [];
+  for (let k = 0; k < serverCount; k++) servers.push(await startServerProcess(env, Boolean(args.compiled), k === 0));
+  const pids = servers.map((x) => x.child.pid as number);
+  const rssAll = () => pids.map(rssOf);
+  const idleRss = rssAll();
+  const peakRss = [...idleRss];
   const sampler = setInterval(() => {
-    peakRss = Math.max(peakRss, rssOf(pid));
+    rssAll().forEach((r, k) => {
+      peakRss[k] = Math.max(peakRss[k] as number, r);
+    });
   }, 250);
+  const serverCpu = () => pids.reduce((sum, x) => sum + cpuOf(x), 0);
 
   // The latency splits at the pub/sub hint, which this process hears as the server does: before it, the write
   // path (the transaction from its clock on, the commit, the publish); after it, the live path (the feed's
@@ -317,11 +328,11 @@ async function run() {
     { length: subscribers },
     (_, i): Subscription =>
       perInstance
-        ? { variables: { id: fx.instanceIds[i] as string }, watched: fx.instanceIds[i] as string }
-        : { variables: { poolId: fx.poolId }, watched: null },
+        ? { variables: { id: fx.instanceIds[i] as string }, watched: fx.instanceIds[i] as string, server: i % serverCount }
+        : { variables: { poolId: fx.poolId }, watched: null, server: i % serverCount },
   );
   const plan = (part: Subscription[]): Plan => ({
-    url: server.url,
+    urls: servers.map((x) => x.url),
     token: perInstance ? owner.token : operatorToken,
     query: perInstance ? INSTANCE_QUERY : POOL_QUERY,
     subs: part,
@@ -332,27 +343,29 @@ async function run() {
   const received = () => groups.reduce((n, g) => n + g.received(), 0);
   const errors = () => groups.reduce((n, g) => n + g.errors(), 0);
   await Promise.all(groups.map((g) => g.up));
-  const metrics = async () => (await fetch(server.url.replace("/graphql", "/metrics"))).text();
+  // Each replica counts its own live connections and subscriptions.
+  const metrics = () => Promise.all(servers.map(async (x) => (await fetch(x.url.replace("/graphql", "/metrics"))).text()));
+  const sum = (texts: string[], re: RegExp) => texts.reduce((n, text) => n + Number(re.exec(text)?.[1] ?? 0), 0);
   let connections = 0;
   for (const end = Date.now() + 180_000; ; ) {
-    const text = await metrics();
-    const up = Number(/bc_live_subscriptions (\d+)/.exec(text)?.[1] ?? 0);
-    connections = Number(/bc_live_connections (\d+)/.exec(text)?.[1] ?? 0);
+    const texts = await metrics();
+    const up = sum(texts, /bc_live_subscriptions (\d+)/);
+    connections = sum(texts, /bc_live_connections (\d+)/);
     if (up >= subscribers) break;
     if (Date.now() > end || errors() > 0) throw new Error(`only ${up} of ${subscribers} subscriptions came up (${errors()} errors)`);
     await sleep(100);
   }
   const connectSeconds = (performance.now() - t0) / 1000;
-  const connectedRss = rssOf(pid);
+  const connectedRss = rssAll();
   console.log(`connections:                  ${connections} (${subscribers} subscriptions up in ${connectSeconds.toFixed(1)} s)`);
-  console.log(`server RSS:                   ${mib(idleRss)} idle, ${mib(connectedRss)} with ${subscribers} subscribers connected`);
+  console.log(`server RSS:                   ${mibs(idleRss)} idle, ${mibs(connectedRss)} with ${subscribers} subscribers connected`);
   // Let the connection storm settle (garbage, handshakes' leftovers) before the clock starts, and see what
   // holding the connections costs the server with no change at all.
   if (perInstance) {
     await sleep(2000);
-    const quiet0 = cpuOf(pid);
+    const quiet0 = serverCpu();
     await sleep(3000);
-    console.log(`server CPU with no changes:   ${((cpuOf(pid) - quiet0) / 3).toFixed(2)} cores busy`);
+    console.log(`server CPU with no changes:   ${((serverCpu() - quiet0) / 3).toFixed(2)} cores busy`);
   }
 
   // Open loop: each change starts on schedule, however long earlier writes or deliveries take. `n` runs on
@@ -402,7 +415,7 @@ async function run() {
   const total = Math.round(rate * args.seconds);
   const childPids = procs ? groups.map((g) => g.pid) : [];
   const started = performance.now();
-  const cpu0 = { server: cpuOf(pid), children: childPids.map(cpuOf), self: process.cpuUsage() };
+  const cpu0 = { server: serverCpu(), children: childPids.map(cpuOf), self: process.cpuUsage() };
   const { writes, failed: writeErrors, seconds: writeSeconds } = await drive(total);
   const expected = (total - writeErrors) * perChange;
   await delivered(base + expected);
@@ -410,7 +423,7 @@ async function run() {
   clearInterval(sampler);
   const self = process.cpuUsage(cpu0.self);
   const cpu = {
-    server: (cpuOf(pid) - cpu0.server) / elapsed,
+    server: (serverCpu() - cpu0.server) / elapsed,
     children: childPids.reduce((s, p, i) => s + cpuOf(p) - (cpu0.children[i] as number), 0) / elapsed,
     self: (self.user + self.system) / 1e6 / elapsed,
   };
@@ -454,15 +467,17 @@ async function run() {
   console.log(`  write clock → pub/sub hint: ${p(committed)} (the write path: transaction, commit, publish)`);
   console.log(`  pub/sub hint → subscriber:  ${p(fromHint)} (the live path: feed read, execution, websocket)`);
   console.log(
-    `CPU (cores busy):             server ${cpu.server.toFixed(2)}, ${procs ? `subscriber processes ${cpu.children.toFixed(2)}, this process (changes) ${cpu.self.toFixed(2)}` : `this process (subscribers + changes) ${cpu.self.toFixed(2)}`}`,
+    `CPU (cores busy):             ${serverCount > 1 ? `${serverCount} servers` : "server"} ${cpu.server.toFixed(2)}, ${procs ? `subscriber processes ${cpu.children.toFixed(2)}, this process (changes) ${cpu.self.toFixed(2)}` : `this process (subscribers + changes) ${cpu.self.toFixed(2)}`}`,
   );
-  console.log(`server peak RSS:              ${mib(peakRss)} (goal <= ${perInstance ? 600 : 300} MiB)`);
+  console.log(`server peak RSS:              ${mibs(peakRss)} (goal <= ${perInstance ? 600 : 300} MiB${serverCount > 1 ? " each" : ""})`);
   console.log(`deliveries / PUBLISH rate:    ${(perSecond / publishRps).toFixed(3)}`);
   console.log(`load average after:           ${loadavg()}`);
 
   await Promise.all(groups.map((g) => g.close()));
-  server.child.kill("SIGTERM");
-  await new Promise((r) => server.child.once("exit", r));
+  for (const x of servers) {
+    x.child.kill("SIGTERM");
+    await new Promise((r) => x.child.once("exit", r));
+  }
   await close();
 }
 
