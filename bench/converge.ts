@@ -1,12 +1,13 @@
 import { mkdtempSync, rmSync, writeSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
+import { setTimeout as sleep } from "node:timers/promises";
 import { parseArgs } from "node:util";
 import { Redis } from "ioredis";
 import { startAgent } from "../agent/index.ts";
 import { createFakeRuntime } from "../agent/runtimes/fake/index.ts";
 import * as bc from "../sdk/client.ts";
-import { benchApi, inParallel } from "./lib.ts";
+import { benchApi, inParallel, percentile } from "./lib.ts";
 
 const { values } = parseArgs({
   options: {
@@ -29,6 +30,7 @@ const { values } = parseArgs({
 const hosts = Number(values.hosts);
 const sizes = String(values.sizes).split(",").map(Number);
 const concurrency = Number(values.concurrency);
+const quiet = Number(values.quiet);
 
 /** A platform on PostgreSQL and Redis with `hosts` agents on the fake runtime (no delay), all reported. */
 async function platformWithHosts() {
@@ -96,8 +98,7 @@ async function once(n: number) {
  * platform and a host holding nothing: the path, not a queue or a host's growing spec.
  */
 async function latency(n: number) {
-  const quiet = Number(values.quiet);
-  const quietSpell = () => (quiet > 0 ? new Promise((r) => setTimeout(r, quiet)) : undefined);
+  const quietSpell = () => (quiet > 0 ? sleep(quiet) : undefined);
   const { api, close } = await platformWithHosts();
   const waiting = new Map<string, (at: number) => void>();
   // An event may beat the request's own response home: keep it for the wait that follows.
@@ -160,7 +161,7 @@ async function latency(n: number) {
         WHERE gap IS NOT NULL GROUP BY 1 ORDER BY first`,
     ),
   );
-  const hops = quiet > 0 ? await oneHop(api.platform, quiet) : null;
+  const hops = quiet > 0 ? await oneHop(api.platform) : null;
   await close();
   const q = (xs: number[], p: number) => xs.toSorted((a, b) => a - b)[Math.min(xs.length - 1, Math.floor(p * xs.length))] as number;
   return {
@@ -178,17 +179,20 @@ async function latency(n: number) {
  * The machine's own cost of a quiet spell: one round trip to PostgreSQL (`SELECT 1` through the platform's
  * pool) and one to Redis (`PING`), each timed right after another and after `quiet` ms of nothing, medians of 9.
  */
-async function oneHop(platform: Awaited<ReturnType<typeof benchApi>>["platform"], quiet: number) {
+async function oneHop(platform: Awaited<ReturnType<typeof benchApi>>["platform"]) {
   const redis = new Redis(platform.config.redisUrl as string);
   const timed = async (call: () => Promise<unknown>, wait: number) => {
     const xs: number[] = [];
     for (let i = 0; i < 9; i++) {
-      await (wait ? new Promise((r) => setTimeout(r, wait)) : call());
+      await (wait ? sleep(wait) : call());
       const t0 = performance.now();
       await call();
       xs.push(performance.now() - t0);
     }
-    return xs.toSorted((a, b) => a - b)[4] as number;
+    return percentile(
+      xs.toSorted((a, b) => a - b),
+      50,
+    );
   };
   const pgCall = () => platform.read((sql) => sql.query("SELECT 1"));
   const redisCall = () => redis.ping();
@@ -205,7 +209,7 @@ async function oneHop(platform: Awaited<ReturnType<typeof benchApi>>["platform"]
 if (values.latency) {
   const n = Number(values.latency);
   console.log(
-    `converge latency: ${n} creates one at a time, ${hosts} simulated hosts (fake runtime, no delay), PostgreSQL and Redis${Number(values.quiet) ? `; ${values.quiet} ms of quiet before each pause and resume` : ""}`,
+    `converge latency: ${n} creates one at a time, ${hosts} simulated hosts (fake runtime, no delay), PostgreSQL and Redis${quiet ? `; ${quiet} ms of quiet before each pause and resume` : ""}`,
   );
   const r = await latency(n);
   const lines = [
@@ -213,7 +217,7 @@ if (values.latency) {
     `pause → PAUSED: p50 ${r.pause.p50.toFixed(1)} ms, p99 ${r.pause.p99.toFixed(1)} ms; resume → RUNNING: p50 ${r.resume.p50.toFixed(1)} ms, p99 ${r.resume.p99.toFixed(1)} ms (the fake runtime's calls take ~0 ms)`,
     ...(r.hops
       ? [
-          `one round trip right after another / after ${values.quiet} ms of quiet (the machine's own): PostgreSQL SELECT 1 ${r.hops.pgHot.toFixed(2)} / ${r.hops.pgQuiet.toFixed(2)} ms, Redis PING ${r.hops.redisHot.toFixed(2)} / ${r.hops.redisQuiet.toFixed(2)} ms`,
+          `one round trip right after another / after ${quiet} ms of quiet (the machine's own): PostgreSQL SELECT 1 ${r.hops.pgHot.toFixed(2)} / ${r.hops.pgQuiet.toFixed(2)} ms, Redis PING ${r.hops.redisHot.toFixed(2)} / ${r.hops.redisQuiet.toFixed(2)} ms`,
         ]
       : []),
     "median time since the previous event, by transition:",

@@ -45,7 +45,7 @@ const ROLE = "FANOUT_ROLE";
 
 const mib = (b: number) => `${(b / 2 ** 20).toFixed(0)} MiB`;
 /** One server's RSS, or each replica's. */
-const mibs = (bs: number[]) => (bs.length === 1 ? mib(bs[0] as number) : `${bs.map((b) => (b / 2 ** 20).toFixed(0)).join(" + ")} MiB`);
+const mibs = (bs: number[]) => bs.map(mib).join(" + ");
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
 const loadavg = () => readFileSync("/proc/loadavg", "utf8").split(" ").slice(0, 3).join(" ");
 
@@ -368,23 +368,23 @@ async function run() {
     console.log(`server CPU with no changes:   ${((serverCpu() - quiet0) / 3).toFixed(2)} cores busy`);
   }
 
-  // Open loop: each change starts on schedule, however long earlier writes or deliveries take. `n` runs on
+  // Open loop: each change starts on schedule, however long earlier writes or deliveries take. `made` runs on
   // across the warm-up and the measured changes, so every change flips its instance's desired state (one that
   // asked for what was already asked would change nothing, and send nothing).
   const who = { identityId: "bench", tenantId: null, operator: true, scopes: new Set<never>() };
-  let n = 0;
+  let made = 0;
   const perChange = perInstance ? 1 : subscribers;
   async function drive(count: number) {
     const writes: number[] = [];
     const inFlight = new Set<Promise<void>>();
     let failed = 0;
     const started = performance.now();
-    for (let i = 0; i < count; i++, n++) {
+    for (let i = 0; i < count; i++, made++) {
       const due = started + (i * 1000) / rate;
       const wait = due - performance.now();
       if (wait > 0) await sleep(wait);
-      const id = fx.instanceIds[n % fx.instanceIds.length] as string;
-      const desired = Math.floor(n / fx.instanceIds.length) % 2 === 0 ? "stopped" : "running";
+      const id = fx.instanceIds[made % fx.instanceIds.length] as string;
+      const desired = Math.floor(made / fx.instanceIds.length) % 2 === 0 ? "stopped" : "running";
       const w0 = performance.now();
       const write = platform
         .write({ actor: "bench", action: "stopInstance" }, (w) => setDesiredState(w, who, id, desired))
@@ -452,7 +452,7 @@ async function run() {
   const committed = [...toHint.values()];
   for (const l of [latencies, writes, committed, fromHint, cold]) l.sort((a, b) => a - b);
   const p = (l: number[]) => `p50 ${percentile(l, 50).toFixed(0)} ms, p99 ${percentile(l, 99).toFixed(0)} ms`;
-  const got = reports.reduce((sum, r) => sum + r.received, 0) - base;
+  const got = reports.reduce((n, r) => n + r.received, 0) - base;
   const misdelivered = reports.reduce((n, r) => n + r.misdelivered, 0);
   const perSecond = got / elapsed;
   console.log(`changes:                      ${total} (${(total / writeSeconds).toFixed(1)}/s), ${writeErrors} failed`);
