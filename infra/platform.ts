@@ -162,7 +162,7 @@ export async function openPlatform(config: Config, opts: PlatformOptions = {}): 
       if (r.status === "rejected") log.warn("after-commit effects failed", { actor: w.actor, err: String(r.reason) });
   }
 
-  const sequence = eventSequencer(db);
+  const sequencer = eventSequencer(db);
   const localEvents = new Set<(events: WatchedEvent[]) => void>();
 
   /** The write path on `on`: the database itself (host work) or an API caller's share of it. */
@@ -170,18 +170,21 @@ export async function openPlatform(config: Config, opts: PlatformOptions = {}): 
     (on: Pick<Database, "transaction">): Platform["write"] =>
     async (wopts, fn) => {
       for (let attempt = 1; ; attempt++) {
+        const sequencing = sequencer.write();
         try {
-          const [result, w] = await on.transaction(async (sql) => {
-            const w = new Write(sql, ids, now(), wopts, attempt);
-            const result = await fn(w);
-            await finishWrite(w);
-            return [result, w] as const;
-          });
+          const [result, w] = await on
+            .transaction(async (sql) => {
+              const w = new Write(sql, ids, now(), wopts, attempt);
+              const result = await fn(w);
+              await finishWrite(w);
+              return [result, w] as const;
+            }, sequencing.options)
+            .finally(sequencing.end);
           counts.writes++;
           tellHosts(w);
           // Committed whatever happens here: without positions its events are not published (subscribers'
           // polls read them), rather than the write reported as failed.
-          await positionEvents(w, sequence).catch((err) => {
+          await positionEvents(w, sequencing.positions).catch((err) => {
             log.warn("positioning committed events failed", { actor: wopts.actor, err: String(err) });
             w.events.splice(0);
           });

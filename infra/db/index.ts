@@ -25,7 +25,7 @@ export interface Database extends Reader {
   /** The generated Prisma client on this database; only after openDatabase({ prisma: true }). */
   readonly prisma: PrismaClient;
   /** Run `fn` in one transaction; rolled back if it throws. */
-  transaction<T>(fn: (sql: Sql) => Promise<T>): Promise<T>;
+  transaction<T>(fn: (sql: Sql) => Promise<T>, opts?: TransactionOptions): Promise<T>;
   /** Run `fn` on one connection: session state (advisory locks, BEGIN … COMMIT) stays on it. */
   session<T>(fn: (sql: SqlRunner) => Promise<T>): Promise<T>;
   /**
@@ -34,6 +34,16 @@ export interface Database extends Reader {
    */
   api(caller: string): Reader & Pick<Database, "transaction">;
   close(): Promise<void>;
+}
+
+export interface TransactionOptions {
+  /**
+   * A statement (no parameters) run inside the transaction just before it commits, in the commit's own message,
+   * and a taker for its rows: work that belongs in the transaction but would cost a round trip of its own after
+   * it (the platform positions a lone write's events this way). PostgreSQL only; PGlite ignores it. If it fails,
+   * the transaction rolls back as if `fn` had failed. Not run for a transaction that sent nothing.
+   */
+  beforeCommit?: { text: string; rows(rows: Record<string, unknown>[]): void };
 }
 
 /**
@@ -101,12 +111,12 @@ export async function openDatabase(opts: DatabaseOptions): Promise<Database> {
         return needPrisma(prisma);
       },
       read: (fn) => fn(pgQuery(pool)),
-      transaction: (fn) => pgTransaction(pool, fn),
+      transaction: (fn, topts) => pgTransaction(pool, fn, topts),
       api: (caller) => {
         const lane: Lane = { kind: "api", caller };
         return {
           read: (fn) => fn({ query: (text, params) => gate.run(lane, () => pgQuery(apiConnections()).query(text, params)) }),
-          transaction: (fn) => gate.run(lane, () => pgTransaction(apiConnections(), fn)),
+          transaction: (fn, topts) => gate.run(lane, () => pgTransaction(apiConnections(), fn, topts)),
         };
       },
       session: async (fn) => {
@@ -215,8 +225,13 @@ async function checkout(pool: pg.Pool): Promise<{ client: pg.PoolClient; release
  * (`commitWith`) ends in that statement's message: every round trip to the server costs a wake-up of two
  * processes, and a short write is mostly those. A transaction that sent nothing sends neither.
  */
-async function pgTransaction<T>(pool: pg.Pool, fn: (sql: Sql) => Promise<T>): Promise<T> {
+async function pgTransaction<T>(pool: pg.Pool, fn: (sql: Sql) => Promise<T>, opts?: TransactionOptions): Promise<T> {
   const { client, release } = await checkout(pool);
+  const before = opts?.beforeCommit;
+  /** COMMIT, after the beforeCommit statement if there is one: the text that ends the transaction's last message. */
+  const commit = before ? `${before.text}; COMMIT` : "COMMIT";
+  /** The beforeCommit statement's rows out of the results of a message that ended with `commit`. */
+  const took = (results: pg.QueryResult[]) => before?.rows((results.at(-2) as pg.QueryResult).rows);
   /** BEGIN sent (with a statement or alone): what follows is in the transaction, or after its end. */
   let begun = false;
   let open = false;
@@ -268,11 +283,13 @@ async function pgTransaction<T>(pool: pg.Pool, fn: (sql: Sql) => Promise<T>): Pr
           // A parameter a query's text cannot carry: the statement goes apart, then COMMIT.
           if (begin) await client.query("BEGIN");
           const { rows } = await client.query(prepared(text, params));
-          await client.query("COMMIT");
+          const ended = await client.query(commit);
+          if (before) took(ended as unknown as pg.QueryResult[]);
           return rows as R[];
         }
         // One simple-protocol message: the statement, then COMMIT, which PostgreSQL skips if the statement fails.
-        const results = await executeOn(client, [{ text, args }], (execute) => `${begin}${execute}; COMMIT`);
+        const results = await executeOn(client, [{ text, args }], (execute) => `${begin}${execute}; ${commit}`);
+        if (before) took(results);
         return results[begin ? 1 : 0]?.rows as R[];
       } catch (e) {
         await client.query("ROLLBACK").catch(() => {});
@@ -284,7 +301,10 @@ async function pgTransaction<T>(pool: pg.Pool, fn: (sql: Sql) => Promise<T>): Pr
   };
   try {
     const result = await fn(sql);
-    if (open) await client.query("COMMIT");
+    if (open) {
+      const ended = await client.query(commit);
+      if (before) took(ended as unknown as pg.QueryResult[]);
+    }
     return result;
   } catch (e) {
     if (open) await client.query("ROLLBACK").catch(() => {});

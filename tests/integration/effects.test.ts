@@ -3,7 +3,9 @@ import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import type { InstanceEventMessage } from "../../contracts/channels.ts";
 import { INLINE_PASSES } from "../../core/instances/reconciler.ts";
 import { openBus } from "../../infra/bus.ts";
+import type { TransactionOptions } from "../../infra/db/index.ts";
 import { queueName } from "../../infra/jobs.ts";
+import { eventSequencer } from "../../infra/sequencer.ts";
 import {
   CreateInstanceDocument,
   CreateJoinTokenDocument,
@@ -204,6 +206,69 @@ describe("after commit", () => {
     const after = await positions(added);
     expect(after.every((p) => p !== null)).toBe(true);
     expect(new Set(after).size).toBe(added.length);
+  });
+
+  it("positions a lone write's events in the message that commits it, and a write begun beside it through the sequencer", async () => {
+    const t = await h.tenant();
+    const pool = await h.hostedPool();
+    const inst = (await t.client.request(CreateInstanceDocument, { input: { poolId: pool.poolId, flavor: "small", imageId: pool.imageId } })).createInstance;
+    const sequencer = eventSequencer(h.platform.db);
+    let version = 5000;
+    /** A transaction that inserts an event, as a write does: its own txid and the event's id. */
+    const writeEvent = (options: TransactionOptions | undefined, hold?: Promise<void>) =>
+      h.platform.db.transaction(async (sql) => {
+        version += 1;
+        const [row] = await sql.query<{ id: string; txid: string }>(
+          `INSERT INTO instance_events (instance_id, tenant_id, pool_id, from_state, to_state, desired_state, reason, actor, version)
+           SELECT id, tenant_id, pool_id, state, state, desired_state, 'test', 'test', $2 FROM instances WHERE id = $1
+           RETURNING id::text, txid_current()::text AS txid`,
+          [inst.id, version],
+        );
+        await hold;
+        return row as { id: string; txid: string };
+      }, options);
+    /** Which transaction last wrote the event's row: its writer's (positioned in its commit) or a sequencer's. */
+    const writtenBy = async (id: string) =>
+      (
+        await h.platform.read((s) =>
+          s.query<{ xmin: string; position: string | null }>(`SELECT xmin::text, position::text FROM instance_events WHERE id = $1`, [id]),
+        )
+      )[0];
+
+    const lone = sequencer.write();
+    expect(lone.options).toBeDefined();
+    let release = () => {};
+    const held = new Promise<void>((r) => {
+      release = r;
+    });
+    const first = writeEvent(lone.options, held);
+    // Begun while the first is open: not alone, so it is positioned after its commit, by the sequencer.
+    const beside = sequencer.write();
+    expect(beside.options).toBeUndefined();
+    const second = await writeEvent(beside.options).finally(beside.end);
+    const secondAt = (await beside.positions([second.id])).get(second.id);
+    release();
+    const one = await first.finally(lone.end);
+    const oneAt = (await lone.positions([one.id])).get(one.id);
+
+    expect(await writtenBy(one.id)).toEqual({ xmin: one.txid, position: oneAt });
+    const bySequencer = await writtenBy(second.id);
+    expect(bySequencer?.position).toBe(secondAt);
+    expect(bySequencer?.xmin).not.toBe(second.txid);
+    // Committed second, positioned after the first's block; both are positions of their own.
+    expect(BigInt(oneAt ?? "0")).toBeGreaterThan(BigInt(secondAt ?? "0"));
+    // Both ended: the next write is alone again; one that rolls back leaves nothing unpositioned behind.
+    const next = sequencer.write();
+    expect(next.options).toBeDefined();
+    await expect(
+      h.platform.db
+        .transaction(async (sql) => {
+          await sql.query(`SELECT 1`);
+          throw new Error("rolled back");
+        }, next.options)
+        .finally(next.end),
+    ).rejects.toThrow("rolled back");
+    expect(sequencer.write().options).toBeDefined();
   });
 
   it("publishes nothing and wakes nothing for a refused request", async () => {
