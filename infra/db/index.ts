@@ -232,6 +232,8 @@ async function pgTransaction<T>(pool: pg.Pool, fn: (sql: Sql) => Promise<T>, opt
   const commit = before ? `${before.text}; COMMIT` : "COMMIT";
   /** The beforeCommit statement's rows out of the results of a message that ended with `commit`. */
   const took = (results: pg.QueryResult[]) => before?.rows((results.at(-2) as pg.QueryResult).rows);
+  /** `commit` as a message of its own. */
+  const commitApart = async () => took((await client.query(commit)) as unknown as pg.QueryResult[]);
   /** BEGIN sent (with a statement or alone): what follows is in the transaction, or after its end. */
   let begun = false;
   let open = false;
@@ -283,13 +285,12 @@ async function pgTransaction<T>(pool: pg.Pool, fn: (sql: Sql) => Promise<T>, opt
           // A parameter a query's text cannot carry: the statement goes apart, then COMMIT.
           if (begin) await client.query("BEGIN");
           const { rows } = await client.query(prepared(text, params));
-          const ended = await client.query(commit);
-          if (before) took(ended as unknown as pg.QueryResult[]);
+          await commitApart();
           return rows as R[];
         }
         // One simple-protocol message: the statement, then COMMIT, which PostgreSQL skips if the statement fails.
         const results = await executeOn(client, [{ text, args }], (execute) => `${begin}${execute}; ${commit}`);
-        if (before) took(results);
+        took(results);
         return results[begin ? 1 : 0]?.rows as R[];
       } catch (e) {
         await client.query("ROLLBACK").catch(() => {});
@@ -301,10 +302,7 @@ async function pgTransaction<T>(pool: pg.Pool, fn: (sql: Sql) => Promise<T>, opt
   };
   try {
     const result = await fn(sql);
-    if (open) {
-      const ended = await client.query(commit);
-      if (before) took(ended as unknown as pg.QueryResult[]);
-    }
+    if (open) await commitApart();
     return result;
   } catch (e) {
     if (open) await client.query("ROLLBACK").catch(() => {});
