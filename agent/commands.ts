@@ -1,6 +1,7 @@
 import { join } from "node:path";
 import { setTimeout as sleep } from "node:timers/promises";
 import { type CommandReport, commandReport, type ExecChunk, type HostCommand, hostCommand } from "../contracts/host.ts";
+import { tracePoint } from "../contracts/trace.ts";
 import { type CommandJournal, CommandJournals } from "./command-journal.ts";
 import { ExecOutput } from "./exec-output.ts";
 import type { InstanceLocks } from "./locks.ts";
@@ -83,6 +84,7 @@ export class CommandRunner {
       if (id.success) this.deliver({ id: id.data, state: "failed", result: null, error: `malformed command: ${messageOf(parsed.error)}` });
       return Promise.resolve();
     }
+    tracePoint("agent.command", `${parsed.data.kind} ${parsed.data.id}`);
     return this.once(parsed.data.id, () => this.handle(parsed.data));
   }
 
@@ -354,6 +356,7 @@ export class CommandRunner {
     for (let failures = 0; !this.closing.signal.aborted; ) {
       const report = entry.report;
       try {
+        tracePoint("agent.report", `${report.state} ${report.id}`);
         await this.bounded(() => this.o.send(report), this.closing.signal);
         if (report.state !== "running") await this.confirm(report.id);
         if (entry.report === report) break;

@@ -11,9 +11,11 @@
  *     more pairs on each side, back to back.
  * Before the timed rounds the platform pauses and resumes one instance `warm` times, as a platform in service has
  * run those paths before; the first of those pairs is printed too, as the cold figure.
- * `BENCH_TRACE=1` prints, per pause and resume, when the request was answered and when the host's call ran.
+ * `BENCH_TRACE=1` prints, per operation, when the request was answered, when the host's call ran, and each point
+ * of contracts/trace.ts on the way (the server's writes, the command leaving, the agent taking it and reporting).
  * The guest is the tests' tiny one (tests/kvm/guest.ts). Needs PostgreSQL, Redis, libvirtd and QEMU.
  */
+import { subscribe } from "node:diagnostics_channel";
 import { mkdirSync, mkdtempSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
@@ -21,6 +23,7 @@ import { startAgent } from "../agent/index.ts";
 import { domainXml } from "../agent/runtimes/libvirt-kvm/domain-xml.ts";
 import { detectDomainType } from "../agent/runtimes/libvirt-kvm/host.ts";
 import { createLibvirtRuntime, makeOverlay, openLibvirt, writeSeedIso } from "../agent/runtimes/libvirt-kvm/index.ts";
+import { TRACE_CHANNEL, type TracePoint } from "../contracts/trace.ts";
 import * as bc from "../sdk/client.ts";
 import { buildGuest } from "../tests/kvm/guest.ts";
 import { guestSaid, loopbackSources, makeBridge, openPath, serveFiles, tinySpec, virsh } from "../tests/kvm/support.ts";
@@ -94,6 +97,10 @@ async function bareHost(guest: Awaited<ReturnType<typeof buildGuest>>, bridge: s
   return { once, close: () => hv.connectClose() };
 }
 
+/** The trace points of the operation being timed (server, agent and this bench share one process). */
+const points: TracePoint[] = [];
+if (process.env.BENCH_TRACE) subscribe(TRACE_CHANNEL, (p) => points.push(p as TracePoint));
+
 /** The whole platform on one libvirt-kvm host: one round creates, pauses, resumes and deletes an instance. */
 async function platformHost(guest: Awaited<ReturnType<typeof buildGuest>>, bridge: string, dir: string) {
   const images = await serveFiles({ "base.qcow2": guest.base });
@@ -166,6 +173,7 @@ async function platformHost(guest: Awaited<ReturnType<typeof buildGuest>>, bridg
     await atRest();
     const t0 = performance.now();
     calls.length = 0;
+    points.length = 0;
 
     const id = await act();
     const answered = performance.now();
@@ -174,7 +182,10 @@ async function platformHost(guest: Awaited<ReturnType<typeof buildGuest>>, bridg
       const hit = seen.find((x) => x.id === id && x.state === state && x.at >= t0);
       if (hit) {
         const host = calls.filter((c) => c.start < hit.at).map((c) => `${c.kind} ${ms(c.start - t0)}–${ms(c.end - t0)}`);
-        if (process.env.BENCH_TRACE) console.log(`${state}: answered ${ms(answered - t0)}; host: ${host.join(", ")}; event ${ms(hit.at - t0)}`);
+        if (process.env.BENCH_TRACE) {
+          const path = points.filter((p) => p.at < hit.at).map((p) => `${p.point} ${p.detail.split(" ")[0]} ${(p.at - t0).toFixed(1)}`);
+          console.log(`${state}: answered ${ms(answered - t0)}; host: ${host.join(", ")}; event ${ms(hit.at - t0)}\n  ${path.join(" | ")}`);
+        }
         return hit.at - t0;
       }
       if (Date.now() > end) throw new Error(`${id} did not reach ${state}: ${JSON.stringify(seen.filter((x) => x.id === id))}`);

@@ -1,4 +1,5 @@
 import type { Registry } from "prom-client";
+import { tracePoint } from "../contracts/trace.ts";
 import { ensureOperatorIdentity, newOperatorToken } from "../core/auth/tokens.ts";
 import { type ImageResolver, tableImages } from "../core/catalog/images.ts";
 import type { AdmissionDeps } from "../core/instances/admission.ts";
@@ -170,6 +171,7 @@ export async function openPlatform(config: Config, opts: PlatformOptions = {}): 
     (on: Pick<Database, "transaction">): Platform["write"] =>
     async (wopts, fn) => {
       for (let attempt = 1; ; attempt++) {
+        tracePoint("write.begin", wopts.action ?? wopts.actor);
         const sequencing = sequencer.write();
         try {
           const [result, w] = await on
@@ -182,6 +184,7 @@ export async function openPlatform(config: Config, opts: PlatformOptions = {}): 
             .finally(sequencing.end);
           counts.writes++;
           tellHosts(w);
+          tracePoint("write.committed", wopts.action ?? wopts.actor);
           // Committed whatever happens here: without positions its events are not published (subscribers'
           // polls read them), rather than the write reported as failed.
           await positionEvents(w, sequencing.positions).catch((err) => {
@@ -189,6 +192,7 @@ export async function openPlatform(config: Config, opts: PlatformOptions = {}): 
             w.events.splice(0);
           });
           await apply(w);
+          tracePoint("write.applied", wopts.action ?? wopts.actor);
           return result;
         } catch (e) {
           // Deadlocks and serialisation failures are the database asking for a retry, not a user error.

@@ -1,6 +1,7 @@
 import { z } from "zod";
 import type { Channels } from "../../contracts/channels.ts";
 import { commandReport, execChunk, type HostCommand, type NodeSpecChange, statusReport } from "../../contracts/host.ts";
+import { tracePoint } from "../../contracts/trace.ts";
 import { requireNode, requireOperator } from "../../core/auth/principal.ts";
 import { INLINE_PASSES, reconcileNews } from "../../core/instances/reconciler.ts";
 import { recordHostReport } from "../../core/instances/snapshots.ts";
@@ -255,6 +256,7 @@ async function* commandStream(ctx: Context, nodeId: string) {
     for (const command of commands) {
       if (sent.has(command.id)) continue;
       sent.add(command.id);
+      tracePoint("command.sent", `${command.kind} ${command.id}`);
       yield { command };
     }
   }

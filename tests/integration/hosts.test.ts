@@ -1,3 +1,4 @@
+import { subscribe, unsubscribe } from "node:diagnostics_channel";
 import { existsSync, mkdtempSync, readFileSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
@@ -5,6 +6,7 @@ import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { startAgent } from "../../agent/index.ts";
 import { clearFailures, createFakeRuntime, injectFailure } from "../../agent/runtimes/fake/index.ts";
 import { applySpecChange, type NodeSpec, type NodeSpecChange, nodeSpecChange } from "../../contracts/host.ts";
+import { TRACE_CHANNEL, type TracePoint } from "../../contracts/trace.ts";
 import { buildNodeSpec } from "../../core/pools/hosted/spec.ts";
 import {
   CreateInstanceDocument,
@@ -92,6 +94,42 @@ describe("instances converge on simulated hosts", () => {
     expect(existsSync(domainFile(host, inst.id))).toBe(false);
     expect(await invariantViolations(hosts.h.platform)).toEqual([]);
     expect(await eventViolations(hosts.h)).toEqual([]);
+  });
+
+  it("marks a pause's path on the trace channel, from the request's write to the write of the host's answer", async () => {
+    const t = await hosts.h.tenant();
+    const inst = await create(t);
+    await waitForState(t.client, inst.id, "RUNNING");
+    const points: TracePoint[] = [];
+    const listen = (p: unknown) => points.push(p as TracePoint);
+    subscribe(TRACE_CHANNEL, listen);
+    try {
+      await t.client.request(PauseInstanceDocument, { id: inst.id });
+      await waitForState(t.client, inst.id, "PAUSED");
+      const [cmd] = await hosts.h.platform.read((sql) =>
+        sql.query<{ id: string }>(`SELECT id FROM host_commands WHERE instance_id = $1 AND kind = 'instance.pause'`, [inst.id]),
+      );
+      // The first time each point was reached for this pause, in the order the path takes them.
+      const first = (point: TracePoint["point"], detail: string) => points.findIndex((p) => p.point === point && p.detail === detail);
+      const path = [
+        first("write.begin", "pauseInstance"),
+        first("write.committed", "pauseInstance"),
+        first("command.sent", `instance.pause ${cmd?.id}`),
+        first("agent.command", `instance.pause ${cmd?.id}`),
+        first("agent.report", `succeeded ${cmd?.id}`),
+        first("write.begin", "reportCommand"),
+        first("write.committed", "reportCommand"),
+        first("write.applied", "reportCommand"),
+      ];
+      expect(path.every((i) => i >= 0)).toBe(true);
+      expect(path).toEqual([...path].sort((a, b) => a - b));
+      const at = path.map((i) => (points[i] as TracePoint).at);
+      expect(at).toEqual([...at].sort((a, b) => a - b));
+    } finally {
+      unsubscribe(TRACE_CHANNEL, listen);
+    }
+    await t.client.request(DeleteInstanceDocument, { id: inst.id });
+    await waitForState(t.client, inst.id, "DELETED");
   });
 
   it("says when an agent is at rest: nothing under way, and the server has its report of the newest spec", async () => {
