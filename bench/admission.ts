@@ -22,8 +22,9 @@
  * in service has run its code before: V8 compiles what turns hot, on the process's CPU. `--warm 0` measures
  * from empty tables and cold code instead.
  *
- * Prints creates/s for each, core and API as ratios of the write set, and what the platform sent PostgreSQL
- * per create (statements and where their time went). `--insert 1` adds pgbench's single-row INSERT, the
+ * Prints creates/s for each, core and API as ratios of the write set, the CPU each create cost each process
+ * (the platform, the API's clients, PostgreSQL's and Redis's processes, the rest), and what the platform sent
+ * PostgreSQL per create (statements and where their time went). `--insert 1` adds pgbench's single-row INSERT, the
  * server's ceiling with no hot row at all. `--api-connections N` sets LIMIT_API_CONNECTIONS (0: the
  * platform's default); `--statements N` lists that many statements per phase. Needs PostgreSQL, Redis, psql and pgbench.
  */
@@ -39,6 +40,7 @@ import {
   benchArgs,
   benchPlatform,
   childPhase,
+  childrenCpu,
   closedLoop,
   exitWhenDone,
   machineCpu,
@@ -46,6 +48,7 @@ import {
   pgbenchInsertTps,
   psql,
   scratchDatabase,
+  serviceCpu,
   warmThenMeasure,
 } from "./lib.ts";
 
@@ -83,8 +86,12 @@ async function writeSet(clients: number, seconds: number) {
       psql(db.url, ["-c", "ANALYZE"]);
     }
     const machine0 = machineCpu();
+    const children0 = childrenCpu();
     const run = writes(1_000_000_000, seconds);
     const cpuMs = ((machineCpu() - machine0) * 1000) / run.processed;
+    // pgbench's own share (a child of this process, waited for); the rest is PostgreSQL's, give or take this
+    // process's idle wait and the machine's background.
+    const clientMs = ((childrenCpu() - children0) * 1000) / run.processed;
     // Every create wrote all six or nothing; a script that quietly wrote less would flatter the limit.
     const [counts, spread] = psql(db.url, [
       "-At",
@@ -100,7 +107,7 @@ async function writeSet(clients: number, seconds: number) {
     const made = (counts as string).split(" ").map(Number);
     if (new Set(made).size !== 1 || (made[0] as number) < run.processed + warmed)
       throw new Error(`the write set left uneven rows (instances events audit leases hosts quota: ${counts}) for ${run.processed} transactions`);
-    return { ...run, spread: spread as string, cpuMs };
+    return { ...run, spread: spread as string, cpuMs, clientMs };
   } finally {
     await db.drop();
   }
@@ -240,13 +247,20 @@ async function run() {
    */
   const cpuMeter = () => {
     const machine0 = machineCpu();
+    const services0 = serviceCpu();
     const self0 = process.cpuUsage();
     return (creates: number, clientSeconds = 0) => {
       const self = process.cpuUsage(self0);
       const platformS = (self.user + self.system) / 1e6;
-      const rest = machineCpu() - machine0 - platformS - clientSeconds;
+      const services = serviceCpu();
+      const postgres = services.postgres - services0.postgres;
+      const redis = services.redis - services0.redis;
+      const rest = machineCpu() - machine0 - platformS - clientSeconds - postgres - redis;
       const per = (seconds: number) => `${((seconds * 1000) / creates).toFixed(2)} ms`;
-      return `    CPU per create: platform process ${per(platformS)}${clientSeconds ? `, client process ${per(clientSeconds)}` : ""}, rest of the machine (PostgreSQL, Redis) ${per(Math.max(0, rest))}`;
+      return (
+        `    CPU per create: platform process ${per(platformS)}${clientSeconds ? `, client process ${per(clientSeconds)}` : ""}, ` +
+        `PostgreSQL ${per(postgres)}, Redis ${per(redis)}, rest of the machine ${per(Math.max(0, rest))}`
+      );
     };
   };
   const line = (what: string, rate: number, rest: string) => console.log(`${what.padEnd(34)} ${rate.toFixed(0).padStart(5)} ${rest}`);
@@ -255,7 +269,7 @@ async function run() {
     line(
       `pgbench, least write set (${when}):`,
       ws.tps,
-      `tps        latency avg ${ws.latencyMs.toFixed(1)} ms  hosts ${ws.spread}  CPU ${ws.cpuMs.toFixed(2)} ms a transaction${ws.retried ? `  retried after a deadlock ${ws.retried}` : ""}`,
+      `tps        latency avg ${ws.latencyMs.toFixed(1)} ms  hosts ${ws.spread}  CPU ${ws.cpuMs.toFixed(2)} ms a transaction (pgbench ${ws.clientMs.toFixed(2)})${ws.retried ? `  retried after a deadlock ${ws.retried}` : ""}`,
     );
     return ws.tps;
   };

@@ -1,6 +1,6 @@
 import { type ChildProcess, execFileSync, type Serializable } from "node:child_process";
 import { randomBytes } from "node:crypto";
-import { mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs";
+import { mkdtempSync, readdirSync, readFileSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { parseArgs } from "node:util";
@@ -108,6 +108,38 @@ export const machineCpu = () => {
   const f = (readFileSync("/proc/stat", "utf8").split("\n")[0] as string).trim().split(/\s+/).slice(1).map(Number);
   return f.reduce((a, b) => a + b, 0) / 100 - ((f[3] as number) + (f[4] as number)) / 100;
 };
+
+/**
+ * CPU seconds the machine's PostgreSQL and Redis processes have used, summed over those alive now: a phase's
+ * share is the difference of two readings while its connections stay open (a process that exits in between takes
+ * its count with it).
+ */
+export function serviceCpu(): { postgres: number; redis: number } {
+  const out = { postgres: 0, redis: 0 };
+  for (const pid of readdirSync("/proc")) {
+    if (!/^\d+$/.test(pid)) continue;
+    let stat: string;
+    try {
+      stat = readFileSync(`/proc/${pid}/stat`, "utf8");
+    } catch {
+      continue;
+    }
+    // The command name sits in parentheses and may hold spaces; the counters follow it.
+    const name = stat.slice(stat.indexOf("(") + 1, stat.lastIndexOf(")"));
+    const which = name === "postgres" ? "postgres" : name === "redis-server" ? "redis" : null;
+    if (!which) continue;
+    const f = stat.slice(stat.lastIndexOf(")") + 2).split(" ");
+    out[which] += (Number(f[11]) + Number(f[12])) / 100;
+  }
+  return out;
+}
+
+/** CPU seconds of this process's children that have exited and been waited for (a pgbench run, say). */
+export function childrenCpu(): number {
+  const stat = readFileSync("/proc/self/stat", "utf8");
+  const f = stat.slice(stat.lastIndexOf(")") + 2).split(" ");
+  return (Number(f[13]) + Number(f[14])) / 100;
+}
 
 export function benchArgs<K extends string>(defaults: Record<K, number>): Record<K, number> {
   const { values } = parseArgs({ options: Object.fromEntries(Object.keys(defaults).map((k) => [k, { type: "string" as const }])), allowPositionals: false });
