@@ -238,7 +238,7 @@ export class CommandRunner {
       lease.release();
     }
     this.log(`command ${outcome.state}`, { id: cmd.id, kind: cmd.kind, error: outcome.error ?? undefined });
-    this.deliver({ id: cmd.id, ...outcome });
+    this.deliver({ id: cmd.id, ...outcome, power: { kind: cmd.kind, instanceId: cmd.args.instanceId } });
   }
 
   /** Run a journalled command under its instance's lock; `taken` is called once the lock is held. */

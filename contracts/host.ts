@@ -224,5 +224,11 @@ export const commandReport = z.object({
   result: z.record(z.string(), z.unknown()).nullable().default(null),
   /** failed: the runtime's message. */
   error: z.string().max(4000).nullable().default(null),
+  /**
+   * A pause's or resume's final report may say which it was and of which instance, as the host was told: the
+   * server can then settle it into the instance in the message that records it (it holds the command's row to
+   * the same, and settles it the usual way where they differ).
+   */
+  power: z.object({ kind: z.enum(["instance.pause", "instance.resume"]), instanceId: powerArgs.shape.instanceId }).optional(),
 });
 export type CommandReport = z.infer<typeof commandReport>;

@@ -75,6 +75,37 @@ export const CHANGED_ROW = "i";
  * the COMMIT: a request or report that ends in a change waits one round trip less.
  */
 export async function writeChange(w: Write, inst: Instance, set: InstanceSet, reason: string, opts: { last?: boolean } = {}): Promise<Instance> {
+  const change = changeStatement(w, inst, set, reason, opts);
+  const run = opts.last && w.sql.commitWith ? w.sql.commitWith.bind(w.sql) : w.sql.query.bind(w.sql);
+  const applied = change.applied(await run<ChangedRow>(change.text, change.params));
+  if (!applied) throw notFound("instance", inst.id);
+  return applied;
+}
+
+type ChangedRow = Instance & { eventId: string; specs: { nodeId: string; generation: number }[] | null };
+
+/**
+ * writeChange's statement, for a caller that sends it itself (with others, in one message: Sql.commitBatch),
+ * and `applied` for its rows once sent: the changed instance, recorded on the Write, or null if it changed
+ * nothing. `guard`: a condition on the row (as `instances`) that must hold for the change to be made, for a
+ * caller that has not locked and read it first and so builds `inst` from what the guard makes sure of;
+ * `computed`: columns set by SQL expressions (over the row as it was), beside `set`'s values; `parts`: more
+ * WITH parts the statement carries (after the change and its event, so they may read CHANGED_ROW). The
+ * write's closing parts (`last`) run whether or not the guard holds: a guarded change's audit row, if it owes
+ * one, is the caller's to make conditional (Write.auditInStatement, in `parts`).
+ */
+export function changeStatement(
+  w: Write,
+  inst: Pick<Instance, "id" | "state" | "desiredState" | "nodeId">,
+  set: InstanceSet,
+  reason: string,
+  opts: {
+    last?: boolean;
+    guard?: (add: (v: unknown) => string) => string;
+    computed?: Partial<Record<keyof typeof settable, (add: (v: unknown) => string) => string>>;
+    parts?: (add: (v: unknown) => string) => string[];
+  } = {},
+): { text: string; params: unknown[]; applied(rows: ChangedRow[]): Instance | null } {
   const to = (set.state as InstanceState | undefined) ?? inst.state;
   if (to !== inst.state) assertTransition(inst.state, to);
   // The nodes it leaves and joins get a new spec generation in this same transaction; a host report is
@@ -93,29 +124,43 @@ export async function writeChange(w: Write, inst: Instance, set: InstanceSet, re
     const type = settable[col as keyof typeof settable];
     return `${col} = ${add(type === "jsonb" ? JSON.stringify(value) : value)}::${type}`;
   });
+  for (const [col, expr] of Object.entries(opts.computed ?? {})) assignments.push(`${col} = ${(expr as (a: typeof add) => string)(add)}`);
   // The generations move in the same statement (specsBumpedSql): the instance row is locked already, so the
   // node rows are still taken after it, in the one lock order.
   const nodes = neutral ? [] : specNodes([inst.nodeId, nextNode]);
+  // The generations' statement would run whether or not the guard held.
+  if (opts.guard && nodes.length) throw new Error(`a guarded change must leave the host's spec as it is (${inst.state} → ${to})`);
   if (nodes.length) assignments.push(`spec_generation = COALESCE((SELECT generation FROM g WHERE "nodeId" = ${add(nextNode)}::text), spec_generation)`);
+  const guard = opts.guard ? ` AND (${opts.guard(add)})` : "";
+  const extra = opts.parts?.(add) ?? [];
   const closing = opts.last ? w.closingParts(add) : [];
-  const run = opts.last && w.sql.commitWith ? w.sql.commitWith.bind(w.sql) : w.sql.query.bind(w.sql);
-  const [row] = await run<Instance & { eventId: string; specs: { nodeId: string; generation: number }[] | null }>(
-    `WITH ${nodes.length ? `g AS (${specsBumpedSql(add(nodes))}),` : ""}
+  const text = `WITH ${nodes.length ? `g AS (${specsBumpedSql(add(nodes))}),` : ""}
      ${CHANGED_ROW} AS (
-       UPDATE instances SET ${[...assignments, "version = version + 1", "updated_at = $2"].join(", ")} WHERE id = $1 RETURNING *),
+       UPDATE instances SET ${[...assignments, "version = version + 1", "updated_at = $2"].join(", ")} WHERE id = $1${guard} RETURNING *),
      e AS (
        INSERT INTO instance_events (instance_id, tenant_id, pool_id, project_id, from_state, to_state, desired_state, reason, actor, version, at)
        SELECT id, tenant_id, pool_id, project_id, $3, state, desired_state, $4, $5, version, $2 FROM ${CHANGED_ROW} RETURNING id)
-     ${closing.map((part) => `, ${part}`).join("")}
+     ${[...extra, ...closing].map((part) => `, ${part}`).join("")}
      SELECT ${INSTANCE_COLUMNS}, (SELECT id::text FROM e) AS "eventId",
-            ${nodes.length ? `(SELECT json_agg(json_build_object('nodeId', "nodeId", 'generation', generation)) FROM g)` : "NULL"} AS specs FROM ${CHANGED_ROW}`,
+            ${nodes.length ? `(SELECT json_agg(json_build_object('nodeId', "nodeId", 'generation', generation)) FROM g)` : "NULL"} AS specs FROM ${CHANGED_ROW}`;
+  return {
+    text,
     params,
-  );
-  if (!row) throw notFound("instance", inst.id);
-  const { eventId, specs, ...instance } = row;
-  for (const s of specs ?? []) w.spec(s.nodeId, s.generation);
-  w.event(eventMessage(instance, inst.state, eventId), { desiredState: instance.desiredState, reason, actor: w.actor, at: w.now, instance: { ...instance } });
-  return instance;
+    applied(rows) {
+      const [row] = rows;
+      if (!row) return null;
+      const { eventId, specs, ...instance } = row;
+      for (const s of specs ?? []) w.spec(s.nodeId, s.generation);
+      w.event(eventMessage(instance, inst.state, eventId), {
+        desiredState: instance.desiredState,
+        reason,
+        actor: w.actor,
+        at: w.now,
+        instance: { ...instance },
+      });
+      return instance;
+    },
+  };
 }
 
 /**

@@ -16,6 +16,7 @@ import { requirePool } from "../pools/pools.ts";
 import { requireCapability } from "../pools/registry.ts";
 import { lockInstance, writeChange } from "./changes.ts";
 import { INSTANCE_COLUMNS, type Instance } from "./model.ts";
+import { POWER_MOVES, settlePowerReport, settlesInOneMessage } from "./power-reports.ts";
 
 /**
  * Snapshots and restores of an instance's memory and disk: requests record a host command for the instance's
@@ -108,11 +109,6 @@ async function request(w: Write, inst: Instance & { nodeId: string }, kind: Host
  * instance that is gone, unfinished commands are cancelled and its snapshots go with it (their files were
  * removed with the domain). Returns the instance when it changed.
  */
-/** What a pause or resume command that succeeded moves, with the reason a host report would give. */
-const POWER_MOVES: Partial<Record<HostCommandKind, { from: "running" | "paused"; to: "running" | "paused"; reason: string }>> = {
-  "instance.resume": { from: "paused", to: "running", reason: "host:resumed" },
-  "instance.pause": { from: "running", to: "paused", reason: "host:paused" },
-};
 
 export async function settleCommands(w: Write, inst: Instance, pending?: HostCommandRow[]): Promise<Instance | null> {
   // `pending`: the instance's unsettled commands as its pass read them once (the pass holds the instance, and
@@ -183,11 +179,14 @@ async function applyOutcome(w: Write, inst: Instance, c: HostCommandRow, expired
  * is locked before the command, in the reconciler's order. When no other command of the instance waits to be
  * settled (the common case), the one statement that records the report also settles it, and its outcome is
  * applied at once: two round trips from report to commit (the lock with the report's statement, then the change
- * with the audit row and COMMIT), where the host's answer is what a caller waits on.
+ * with the audit row and COMMIT), where the host's answer is what a caller waits on; one for a pause's or
+ * resume's success whose report names it (power-reports.ts).
  * The reconciler still settles whatever this misses.
  */
 export async function recordHostReport(w: Write, nodeId: string, report: CommandReport): Promise<HostCommandRow> {
   if (report.state === "running") return (await recordCommandReport(w, nodeId, report)).row;
+  // A pause or resume done, which the report names: recorded and settled in one message (power-reports.ts).
+  if (settlesInOneMessage(w, report)) return settlePowerReport(w, nodeId, report);
   // The lock and the report go in one round trip: the report's statement settles the command only if the
   // instance, locked by then, has no other command to settle and is not deleted.
   const [locked, updated] = (await batch(w.sql, [

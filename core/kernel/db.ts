@@ -20,6 +20,11 @@ export interface Sql {
    * driver can (PostgreSQL, in a write); `batch` below falls back to one at a time.
    */
   batch?(statements: Statement[]): Promise<unknown[][]>;
+  /**
+   * `batch`, with the transaction's COMMIT in the same message (as commitWith does for one statement): each
+   * statement's rows. If one fails, the transaction is rolled back and the error thrown.
+   */
+  commitBatch?(statements: Statement[]): Promise<unknown[][]>;
 }
 
 export interface Statement {

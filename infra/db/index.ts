@@ -261,6 +261,38 @@ async function pgTransaction<T>(pool: pg.Pool, fn: (sql: Sql) => Promise<T>, opt
     }
     return client.query(prepared(text, params));
   };
+  /** The transaction's last statements and its COMMIT, in one message where their parameters allow (Sql.commitBatch). */
+  const commitAfter = async (statements: Statement[]): Promise<unknown[][]> => {
+    if (committedEarly) throw new Error("this transaction was committed by its last statement (commitWith)");
+    const args = statements.map((st) => (st.params?.length ? literals(st.params) : ""));
+    const begin = begun ? "" : "BEGIN; ";
+    begun = true;
+    open = false;
+    committedEarly = true;
+    try {
+      if (args.some((a) => a === null)) {
+        // A parameter a query's text cannot carry: the statements go apart, then COMMIT.
+        if (begin) await client.query("BEGIN");
+        const rows: unknown[][] = [];
+        for (const st of statements) rows.push((await client.query(prepared(st.text, st.params))).rows);
+        await commitApart();
+        return rows;
+      }
+      // One simple-protocol message: the statements, then COMMIT, which PostgreSQL skips if one of them fails.
+      const results = await executeOn(
+        client,
+        statements.map((st, k) => ({ text: st.text, args: args[k] as string })),
+        (executes) => `${begin}${executes}; ${commit}`,
+      );
+      took(results);
+      return results.slice(begin ? 1 : 0, (begin ? 1 : 0) + statements.length).map((r) => r.rows);
+    } catch (e) {
+      await client.query("ROLLBACK").catch(() => {});
+      // Rolled back: what the caller reads next to explain the failure runs on its own.
+      committedEarly = false;
+      throw e;
+    }
+  };
   const sql: Sql = {
     query: async <R>(text: string, params?: readonly unknown[]) => {
       // A write that goes on after its last statement would write outside its transaction.
@@ -274,31 +306,8 @@ async function pgTransaction<T>(pool: pg.Pool, fn: (sql: Sql) => Promise<T>, opt
       // A parameter a query's text cannot carry: each statement goes apart, as `query` sends it.
       return (await send(statements))?.map((r) => r.rows) ?? oneByOne(sql, statements);
     },
-    commitWith: async <R>(text: string, params: readonly unknown[]) => {
-      const args = literals(params);
-      const begin = begun ? "" : "BEGIN; ";
-      begun = true;
-      open = false;
-      committedEarly = true;
-      try {
-        if (args === null) {
-          // A parameter a query's text cannot carry: the statement goes apart, then COMMIT.
-          if (begin) await client.query("BEGIN");
-          const { rows } = await client.query(prepared(text, params));
-          await commitApart();
-          return rows as R[];
-        }
-        // One simple-protocol message: the statement, then COMMIT, which PostgreSQL skips if the statement fails.
-        const results = await executeOn(client, [{ text, args }], (execute) => `${begin}${execute}; ${commit}`);
-        took(results);
-        return results[begin ? 1 : 0]?.rows as R[];
-      } catch (e) {
-        await client.query("ROLLBACK").catch(() => {});
-        // Rolled back: what the caller reads next to explain the failure runs on its own.
-        committedEarly = false;
-        throw e;
-      }
-    },
+    commitWith: async <R>(text: string, params: readonly unknown[]) => (await commitAfter([{ text, params }]))[0] as R[],
+    commitBatch: (statements) => commitAfter(statements),
   };
   try {
     const result = await fn(sql);

@@ -1,3 +1,4 @@
+import pg from "pg";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import * as bc from "../../sdk/client.ts";
 import { startWorker } from "../../worker/index.ts";
@@ -81,6 +82,31 @@ async function aloneOn(name: string, key: string) {
 
 const reasons = async (id: string) =>
   (await h.platform.db.prisma.instanceEvent.findMany({ where: { instanceId: id }, orderBy: { version: "asc" } })).map((e) => e.reason);
+/**
+ * How many messages this process sent PostgreSQL naming `text` while `fn` ran: node-postgres is the platform's
+ * only way to the database, and a write's statements carry their parameters (a command's id) in their text.
+ */
+async function messagesNaming(text: string, fn: () => Promise<unknown>): Promise<number> {
+  type Query = (this: unknown, ...a: unknown[]) => unknown;
+  const proto = pg.Client.prototype as unknown as { query: Query };
+  const query = proto.query;
+  let n = 0;
+  proto.query = function (...a) {
+    const sent = typeof a[0] === "string" ? a[0] : ((a[0] as { text?: string } | null)?.text ?? "");
+    if (sent.includes(text)) n++;
+    return query.apply(this, a);
+  };
+  try {
+    await fn();
+  } finally {
+    proto.query = query;
+  }
+  return n;
+}
+
+/** The audit rows of a host's reports on a command: what each said. */
+const commandAudit = async (id: string) =>
+  (await h.platform.db.prisma.auditLog.findMany({ where: { targetId: id, action: "reportCommand" }, orderBy: { id: "asc" } })).map((a) => a.details);
 const snapshot = async (id: string) => (await op.request(bc.InstanceSnapshotDocument, { id })).instanceSnapshot;
 
 describe("host commands", () => {
@@ -142,32 +168,97 @@ describe("host commands", () => {
       )[0];
     const pause = () => t.client.request(bc.PauseInstanceDocument, { id: vm.id });
     const resume = () => t.client.request(bc.StartInstanceDocument, { id: vm.id });
-    for (const [ask, kind, state, observed] of [
-      [pause, "instance.pause", "paused", "PAUSED"],
-      [resume, "instance.resume", "running", "RUNNING"],
-    ] as const) {
+    // Reported as the agent does, naming the command (settled in the report's one message: power-reports.ts),
+    // and without the name, as an agent of before did (lock, record, then change).
+    for (const named of [true, false])
+      for (const [ask, kind, state, observed] of [
+        [pause, "instance.pause", "paused", "PAUSED"],
+        [resume, "instance.resume", "running", "RUNNING"],
+      ] as const) {
+        const before = stream.got.length;
+        await ask();
+        await until(`the ${kind} to reach the host`, () => stream.got.slice(before).some((c) => c.kind === kind), 10_000);
+        const cmd = stream.got.slice(before).find((c) => c.kind === kind) as (typeof stream.got)[number];
+        const generation = Number(cmd.args.generation);
+        expect(generation).toBeGreaterThan(0);
+        // The generation the request's change gave the instance, as its stored command says and its host was told.
+        const [stored] = await h.platform.read((sql) =>
+          sql.query<{ args: unknown; specGeneration: number }>(
+            `SELECT c.args, i.spec_generation AS "specGeneration" FROM host_commands c JOIN instances i ON i.id = c.instance_id WHERE c.id = $1`,
+            [cmd.id],
+          ),
+        );
+        expect(stored).toEqual({ args: cmd.args, specGeneration: generation });
+        const power = named ? { power: { kind, instanceId: vm.id } } : {};
+        const messages = await messagesNaming(cmd.id, () =>
+          a.client.request(bc.ReportCommandDocument, { report: { id: cmd.id, state: "succeeded", result: {}, ...power } }),
+        );
+        // Named, the report is recorded, settled, audited and committed in one message; unnamed, in two.
+        expect(messages).toBe(named ? 1 : 2);
+        const answered = await row();
+        // Settled in the report's own write: the instance moved with the command's generation observed.
+        expect(answered).toMatchObject({ state, observedState: state, observedGeneration: generation });
+        expect(await commandAudit(cmd.id)).toEqual([{ kind, instanceId: vm.id, state: "succeeded", error: null }]);
+        // The pass the host makes on the spec that asks for the same reports it: nothing is written for it.
+        const capacity = { vcpus: 8, memoryMib: 8192, diskGib: 100, gpus: [] };
+        await a.client.request(bc.ReportStatusDocument, { report: { generation, instances: [{ id: vm.id, state }], capacity } });
+        expect(await row()).toEqual(answered);
+        expect((await t.client.request(bc.InstanceDocument, { id: vm.id })).instance?.state).toBe(observed);
+      }
+    expect((await reasons(vm.id)).filter((r) => r === "host:paused" || r === "host:resumed")).toEqual([
+      "host:paused",
+      "host:resumed",
+      "host:paused",
+      "host:resumed",
+    ]);
+    await stream.close();
+  });
+
+  it("settles a named pause or resume in its report only where the command, its instance and the owner's wish agree", async () => {
+    const { host: a, t, vm, stream } = await aloneOn("named", "named");
+    const stateOf = async () => (await t.client.request(bc.InstanceDocument, { id: vm.id })).instance?.state;
+    const next = async (kind: string, ask: () => Promise<unknown>) => {
+      const before = stream.got.length;
       await ask();
-      await until(`the ${kind} to reach the host`, () => stream.got.some((c) => c.kind === kind), 10_000);
-      const cmd = stream.got.find((c) => c.kind === kind) as (typeof stream.got)[number];
-      const generation = Number(cmd.args.generation);
-      expect(generation).toBeGreaterThan(0);
-      // The generation the request's change gave the instance, as its stored command says and its host was told.
-      const [stored] = await h.platform.read((sql) =>
-        sql.query<{ args: unknown; specGeneration: number }>(
-          `SELECT c.args, i.spec_generation AS "specGeneration" FROM host_commands c JOIN instances i ON i.id = c.instance_id WHERE c.id = $1`,
-          [cmd.id],
-        ),
-      );
-      expect(stored).toEqual({ args: cmd.args, specGeneration: generation });
-      await a.client.request(bc.ReportCommandDocument, { report: { id: cmd.id, state: "succeeded", result: {} } });
-      const answered = await row();
-      expect(answered).toMatchObject({ state, observedState: state, observedGeneration: generation });
-      // The pass the host makes on the spec that asks for the same reports it: nothing is written for it.
-      const capacity = { vcpus: 8, memoryMib: 8192, diskGib: 100, gpus: [] };
-      await a.client.request(bc.ReportStatusDocument, { report: { generation, instances: [{ id: vm.id, state }], capacity } });
-      expect(await row()).toEqual(answered);
-      expect((await t.client.request(bc.InstanceDocument, { id: vm.id })).instance?.state).toBe(observed);
-    }
+      await until(`the ${kind} to reach the host`, () => stream.got.slice(before).some((c) => c.kind === kind), 10_000);
+      return stream.got.slice(before).find((c) => c.kind === kind) as (typeof stream.got)[number];
+    };
+    const pauseCmd = await next("instance.pause", () => t.client.request(bc.PauseInstanceDocument, { id: vm.id }));
+    // Another node naming it: not its command, and nothing is recorded.
+    const b = await host("named-b");
+    await expectCode(
+      b.client.request(bc.ReportCommandDocument, { report: { id: pauseCmd.id, state: "succeeded", power: { kind: "instance.pause", instanceId: vm.id } } }),
+      "NOT_FOUND",
+    );
+    expect(await commandAudit(pauseCmd.id)).toEqual([]);
+    // Its own host naming another instance (of the right shape): the report is recorded, its statement changes
+    // no instance, and the reconciler settles the pause as it settles any command.
+    const other = `inst_${"a".repeat(52)}`;
+    const wrong = { id: pauseCmd.id, state: "succeeded", result: {}, power: { kind: "instance.pause", instanceId: other } };
+    expect((await a.client.request(bc.ReportCommandDocument, { report: wrong })).reportCommand.state).toBe("succeeded");
+    await expect.poll(stateOf, { timeout: 10_000, interval: 50 }).toBe("PAUSED");
+    // Heard again, named right this time: the first word stood, and nothing more is written.
+    const right = { ...wrong, power: { kind: "instance.pause", instanceId: vm.id } };
+    expect((await a.client.request(bc.ReportCommandDocument, { report: right })).reportCommand.state).toBe("succeeded");
+    expect(await commandAudit(pauseCmd.id)).toEqual([{ kind: "instance.pause", instanceId: vm.id, state: "succeeded", error: null }]);
+    expect((await reasons(vm.id)).filter((r) => r === "host:paused")).toEqual(["host:paused"]);
+
+    // A resume whose owner asked to pause again before the host answered: the answer moves nothing (the spec
+    // asks for paused, and the host is told so), and the command is settled all the same.
+    const resumeCmd = await next("instance.resume", () => t.client.request(bc.StartInstanceDocument, { id: vm.id }));
+    await t.client.request(bc.PauseInstanceDocument, { id: vm.id });
+    const late = { id: resumeCmd.id, state: "succeeded", result: {}, power: { kind: "instance.resume", instanceId: vm.id } };
+    expect((await a.client.request(bc.ReportCommandDocument, { report: late })).reportCommand.state).toBe("succeeded");
+    const settled = async () =>
+      (
+        await h.platform.read((sql) =>
+          sql.query<{ settled: boolean }>(`SELECT settled_at IS NOT NULL AS settled FROM host_commands WHERE id = $1`, [resumeCmd.id]),
+        )
+      )[0]?.settled;
+    await expect.poll(settled, { timeout: 10_000, interval: 50 }).toBe(true);
+    expect(await stateOf()).toBe("PAUSED");
+    expect(await reasons(vm.id)).not.toContain("host:resumed");
+    expect(await invariantViolations(h.platform)).toEqual([]);
     await stream.close();
   });
 

@@ -272,7 +272,7 @@ describe("host commands", () => {
     await resuming;
     expect(await stateOf(rt, A)).toBe("running");
     await until("the final report", () => finals(sent).length === 1);
-    expect(sent).toEqual([{ id: "cmd_resume", state: "succeeded", result: {}, error: null }]);
+    expect(sent).toEqual([{ id: "cmd_resume", state: "succeeded", result: {}, error: null, power: { kind: "instance.resume", instanceId: A } }]);
     expect(existsSync(join(root, "commands", "cmd_resume.json"))).toBe(false);
 
     await r.receive(resume("cmd_resume")); // delivered again after a reconnect: resumed again, reported again
@@ -294,7 +294,7 @@ describe("host commands", () => {
     await pausing;
     expect(await stateOf(rt, A)).toBe("paused");
     await until("the final report", () => finals(sent).length === 1);
-    expect(sent).toEqual([{ id: "cmd_pause", state: "succeeded", result: {}, error: null }]);
+    expect(sent).toEqual([{ id: "cmd_pause", state: "succeeded", result: {}, error: null, power: { kind: "instance.pause", instanceId: A } }]);
     expect(existsSync(join(root, "commands", "cmd_pause.json"))).toBe(false);
   });
 

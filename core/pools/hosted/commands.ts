@@ -123,6 +123,11 @@ export function commandReportStatement(w: Write, nodeId: string, report: Command
   };
 }
 
+/** A command as it stands, if it is this node's. */
+export function commandRowStatement(id: string, nodeId: string): Statement {
+  return { text: `SELECT ${COLUMNS} FROM host_commands WHERE id = $1 AND node_id = $2`, params: [id, nodeId] };
+}
+
 /**
  * An agent's report on one of its node's commands. `running` acknowledges it; `succeeded` or `failed` finishes
  * it and wakes the reconciler to settle it (or its statement settled it: commandReportStatement's
@@ -144,7 +149,8 @@ export async function recordCommandReport(
   }
   const [cmd] = rows;
   if (!cmd) {
-    const known = await one<HostCommandRow>(w.sql, `SELECT ${COLUMNS} FROM host_commands WHERE id = $1 AND node_id = $2`, [report.id, nodeId]);
+    const st = commandRowStatement(report.id, nodeId);
+    const known = await one<HostCommandRow>(w.sql, st.text, st.params);
     if (!known) throw notFound("host command", report.id);
     w.unchanged();
     return { row: known, changed: false };
