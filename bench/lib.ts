@@ -97,11 +97,21 @@ export function exitWhenDone(main: Promise<unknown>): void {
   );
 }
 
+/**
+ * A process's /proc stat line: its command name (in parentheses, and may hold spaces or parentheses itself) and
+ * the fields after it, numbered from the state field (0) on.
+ */
+function procStat(pid: number | "self"): { name: string; fields: string[] } {
+  const stat = readFileSync(`/proc/${pid}/stat`, "utf8");
+  const end = stat.lastIndexOf(")");
+  return { name: stat.slice(stat.indexOf("(") + 1, end), fields: stat.slice(end + 2).split(" ") };
+}
+
+/** CPU seconds (user + system) in stat fields, from the first of the pair. */
+const cpuSeconds = (fields: string[], first: number) => (Number(fields[first]) + Number(fields[first + 1])) / 100;
+
 /** CPU seconds a process has used (user + system), from /proc. */
-export const cpuOf = (pid: number) => {
-  const f = readFileSync(`/proc/${pid}/stat`, "utf8").split(") ")[1]?.split(" ") ?? [];
-  return (Number(f[11]) + Number(f[12])) / 100;
-};
+export const cpuOf = (pid: number) => cpuSeconds(procStat(pid).fields, 11);
 
 /** CPU seconds the whole machine has spent busy (every core, everything but idle and I/O wait), from /proc. */
 export const machineCpu = () => {
@@ -118,28 +128,20 @@ export function serviceCpu(): { postgres: number; redis: number } {
   const out = { postgres: 0, redis: 0 };
   for (const pid of readdirSync("/proc")) {
     if (!/^\d+$/.test(pid)) continue;
-    let stat: string;
+    let stat: ReturnType<typeof procStat>;
     try {
-      stat = readFileSync(`/proc/${pid}/stat`, "utf8");
+      stat = procStat(Number(pid));
     } catch {
       continue;
     }
-    // The command name sits in parentheses and may hold spaces; the counters follow it.
-    const name = stat.slice(stat.indexOf("(") + 1, stat.lastIndexOf(")"));
-    const which = name === "postgres" ? "postgres" : name === "redis-server" ? "redis" : null;
-    if (!which) continue;
-    const f = stat.slice(stat.lastIndexOf(")") + 2).split(" ");
-    out[which] += (Number(f[11]) + Number(f[12])) / 100;
+    const which = stat.name === "postgres" ? "postgres" : stat.name === "redis-server" ? "redis" : null;
+    if (which) out[which] += cpuSeconds(stat.fields, 11);
   }
   return out;
 }
 
 /** CPU seconds of this process's children that have exited and been waited for (a pgbench run, say). */
-export function childrenCpu(): number {
-  const stat = readFileSync("/proc/self/stat", "utf8");
-  const f = stat.slice(stat.lastIndexOf(")") + 2).split(" ");
-  return (Number(f[13]) + Number(f[14])) / 100;
-}
+export const childrenCpu = () => cpuSeconds(procStat("self").fields, 13);
 
 export function benchArgs<K extends string>(defaults: Record<K, number>): Record<K, number> {
   const { values } = parseArgs({ options: Object.fromEntries(Object.keys(defaults).map((k) => [k, { type: "string" as const }])), allowPositionals: false });
