@@ -1,6 +1,6 @@
 import { notFound } from "../../contracts/errors.ts";
 import type { CommandReport, HostCommandKind } from "../../contracts/host.ts";
-import type { Sql } from "../kernel/db.ts";
+import type { Sql, Statement } from "../kernel/db.ts";
 import type { Write } from "../kernel/write.ts";
 import { commandReportStatement, commandRowStatement, type HostCommandRow } from "../pools/hosted/commands.ts";
 import { CHANGED_ROW, changeStatement } from "./changes.ts";
@@ -11,6 +11,14 @@ export const POWER_MOVES: Partial<Record<HostCommandKind, { from: "running" | "p
   "instance.resume": { from: "paused", to: "running", reason: "host:resumed" },
   "instance.pause": { from: "running", to: "paused", reason: "host:paused" },
 };
+
+/** The instance a node's command is for, locked: a report's write takes it first, in the reconciler's lock order. */
+export function commandInstanceLock(commandId: string, nodeId: string): Statement {
+  return {
+    text: `SELECT ${INSTANCE_COLUMNS} FROM instances WHERE id = (SELECT instance_id FROM host_commands WHERE id = $1 AND node_id = $2) FOR UPDATE`,
+    params: [commandId, nodeId],
+  };
+}
 
 /** A pause's or resume's final report that says which it was (CommandReport's `power`), and a database that can take it in one message. */
 export function settlesInOneMessage(w: Write, report: CommandReport): report is CommandReport & { power: NonNullable<CommandReport["power"]> } {
@@ -70,11 +78,7 @@ export async function settlePowerReport(
   const commit = w.sql.commitBatch as NonNullable<Sql["commitBatch"]>;
   const [known, , updated, changed] = (await commit([
     commandRowStatement(report.id, nodeId),
-    // The instance first, in the reconciler's lock order, as the general path takes it.
-    {
-      text: `SELECT ${INSTANCE_COLUMNS} FROM instances WHERE id = (SELECT instance_id FROM host_commands WHERE id = $1 AND node_id = $2) FOR UPDATE`,
-      params: [report.id, nodeId],
-    },
+    commandInstanceLock(report.id, nodeId),
     commandReportStatement(w, nodeId, report),
     { text: change.text, params: change.params },
   ])) as [HostCommandRow[], unknown[], HostCommandRow[], Parameters<typeof change.applied>[0]];

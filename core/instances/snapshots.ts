@@ -15,8 +15,8 @@ import {
 import { requirePool } from "../pools/pools.ts";
 import { requireCapability } from "../pools/registry.ts";
 import { lockInstance, writeChange } from "./changes.ts";
-import { INSTANCE_COLUMNS, type Instance } from "./model.ts";
-import { POWER_MOVES, settlePowerReport, settlesInOneMessage } from "./power-reports.ts";
+import type { Instance } from "./model.ts";
+import { commandInstanceLock, POWER_MOVES, settlePowerReport, settlesInOneMessage } from "./power-reports.ts";
 
 /**
  * Snapshots and restores of an instance's memory and disk: requests record a host command for the instance's
@@ -109,7 +109,6 @@ async function request(w: Write, inst: Instance & { nodeId: string }, kind: Host
  * instance that is gone, unfinished commands are cancelled and its snapshots go with it (their files were
  * removed with the domain). Returns the instance when it changed.
  */
-
 export async function settleCommands(w: Write, inst: Instance, pending?: HostCommandRow[]): Promise<Instance | null> {
   // `pending`: the instance's unsettled commands as its pass read them once (the pass holds the instance, and
   // every writer that finishes a command locks it first); what is settled here leaves the list.
@@ -190,10 +189,7 @@ export async function recordHostReport(w: Write, nodeId: string, report: Command
   // The lock and the report go in one round trip: the report's statement settles the command only if the
   // instance, locked by then, has no other command to settle and is not deleted.
   const [locked, updated] = (await batch(w.sql, [
-    {
-      text: `SELECT ${INSTANCE_COLUMNS} FROM instances WHERE id = (SELECT instance_id FROM host_commands WHERE id = $1 AND node_id = $2) FOR UPDATE`,
-      params: [report.id, nodeId],
-    },
+    commandInstanceLock(report.id, nodeId),
     commandReportStatement(w, nodeId, report, { settleAlone: true }),
   ])) as [Instance[], HostCommandRow[]];
   const { row, changed } = await recordCommandReport(w, nodeId, report, updated);
