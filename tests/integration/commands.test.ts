@@ -230,6 +230,12 @@ describe("host commands", () => {
       b.client.request(bc.ReportCommandDocument, { report: { id: pauseCmd.id, state: "succeeded", power: { kind: "instance.pause", instanceId: vm.id } } }),
       "NOT_FOUND",
     );
+    // A name that is no pause or resume, or no instance id: refused as input, and nothing is recorded.
+    for (const power of [
+      { kind: "instance.snapshot", instanceId: vm.id },
+      { kind: "instance.pause", instanceId: "inst_nope" },
+    ])
+      await expectCode(a.client.request(bc.ReportCommandDocument, { report: { id: pauseCmd.id, state: "succeeded", power } }), "INVALID_INPUT");
     expect(await commandAudit(pauseCmd.id)).toEqual([]);
     // Its own host naming another instance (of the right shape): the report is recorded, its statement changes
     // no instance, and the reconciler settles the pause as it settles any command.
