@@ -10,7 +10,7 @@ import { type Clock, systemClock } from "../core/kernel/clock.ts";
 import type { Sql } from "../core/kernel/db.ts";
 import { type IdSource, randomIds } from "../core/kernel/ids.ts";
 import { newSealKey, type Sealer, sealer } from "../core/kernel/seal.ts";
-import { type EventDetail, finishWrite, positionEvents, Write, type WriteOptions } from "../core/kernel/write.ts";
+import { ContendedWrite, type EventDetail, finishWrite, positionEvents, Write, type WriteOptions } from "../core/kernel/write.ts";
 import type { DriverDeps, SyncIo } from "../core/pools/driver.ts";
 import { type Bus, openBus } from "./bus.ts";
 import type { Config } from "./config.ts";
@@ -198,7 +198,7 @@ export async function openPlatform(config: Config, opts: PlatformOptions = {}): 
           // Deadlocks and serialisation failures are the database asking for a retry, not a user error.
           const { code, constraint } = e as { code?: string; constraint?: string };
           if (attempt < 4 && code && (RETRYABLE.has(code) || (code === "23505" && constraint && RETRY_ON_DUPLICATE.has(constraint)))) {
-            counts.retries++;
+            if (!(e instanceof ContendedWrite && e.guess)) counts.retries++;
             continue;
           }
           throw e;

@@ -1,6 +1,7 @@
 import type { InstanceEventMessage } from "../../contracts/channels.ts";
 import { notFound } from "../../contracts/errors.ts";
 import { type Principal, visibleTo } from "../auth/principal.ts";
+import type { Statement } from "../kernel/db.ts";
 import type { Write } from "../kernel/write.ts";
 import { sameSpecView, specNodes, specsBumpedSql } from "../pools/hosted/generations.ts";
 import { releaseQuota } from "../tenancy/quota.ts";
@@ -19,6 +20,9 @@ export async function lockInstance(w: Write, who: Principal | null, id: string):
   if (!inst || (who && !visibleTo(who, inst.tenantId))) throw notFound("instance", id);
   return inst;
 }
+
+/** Lock an instance row, reading nothing: for a statement that follows it in the same message (changeStatement's `rowNode`). */
+export const instanceLockStatement = (id: string): Statement => ({ text: `SELECT id FROM instances WHERE id = $1 FOR UPDATE`, params: [id] });
 
 /** Columns a change may set, and how each is bound (jsonb values are sent as JSON text). */
 const settable = {
@@ -92,7 +96,11 @@ type ChangedRow = Instance & { eventId: string; specs: { nodeId: string; generat
  * `computed`: columns set by SQL expressions (over the row as it was), beside `set`'s values; `parts`: more
  * WITH parts the statement carries (after the change and its event, so they may read CHANGED_ROW). The
  * write's closing parts (`last`) run whether or not the guard holds: a guarded change's audit row, if it owes
- * one, is the caller's to make conditional (Write.auditInStatement, in `parts`).
+ * one, is the caller's to make conditional (Write.auditInStatement, in `parts`). `rowNode`: the instance stays
+ * on the node its row names, which the caller has not read (its `inst.nodeId` says nothing): the generation of
+ * that node moves, if the change needs it to, only where the guard holds. Such a caller must hold the row
+ * locked by an earlier statement of its transaction (instanceLockStatement), so that the node's row is still
+ * taken after it, in the one lock order.
  */
 export function changeStatement(
   w: Write,
@@ -104,8 +112,10 @@ export function changeStatement(
     guard?: (add: (v: unknown) => string) => string;
     computed?: Partial<Record<keyof typeof settable, (add: (v: unknown) => string) => string>>;
     parts?: (add: (v: unknown) => string) => string[];
+    rowNode?: boolean;
   } = {},
 ): { text: string; params: unknown[]; applied(rows: ChangedRow[]): Instance | null } {
+  if (opts.rowNode && "node_id" in set) throw new Error("a change that moves an instance to a node must know the node it leaves");
   const to = (set.state as InstanceState | undefined) ?? inst.state;
   if (to !== inst.state) assertTransition(inst.state, to);
   // The nodes it leaves and joins get a new spec generation in this same transaction; a host report is
@@ -120,6 +130,7 @@ export function changeStatement(
   if (nextNode !== inst.nodeId) set = { ...set, observed_state: null, observed_error: null, observed_generation: -1 };
   const params: unknown[] = [inst.id, w.now, inst.state, reason, w.actor];
   const add = (v: unknown) => `$${params.push(v)}`;
+  const guard = opts.guard ? ` AND (${opts.guard(add)})` : "";
   const assignments = Object.entries(set).map(([col, value]) => {
     const type = settable[col as keyof typeof settable];
     return `${col} = ${add(type === "jsonb" ? JSON.stringify(value) : value)}::${type}`;
@@ -128,13 +139,22 @@ export function changeStatement(
   // The generations move in the same statement (specsBumpedSql): the instance row is locked already, so the
   // node rows are still taken after it, in the one lock order.
   const nodes = neutral ? [] : specNodes([inst.nodeId, nextNode]);
-  // The generations' statement would run whether or not the guard held.
-  if (opts.guard && nodes.length) throw new Error(`a guarded change must leave the host's spec as it is (${inst.state} → ${to})`);
-  if (nodes.length) assignments.push(`spec_generation = COALESCE((SELECT generation FROM g WHERE "nodeId" = ${add(nextNode)}::text), spec_generation)`);
-  const guard = opts.guard ? ` AND (${opts.guard(add)})` : "";
+  // The generations' statement would run whether or not the guard held, unless it reads the node from the row.
+  if (opts.guard && nodes.length && !opts.rowNode) throw new Error(`a guarded change must leave the host's spec as it is (${inst.state} → ${to})`);
+  const bumped = neutral
+    ? null
+    : opts.rowNode
+      ? specsBumpedSql(`ARRAY(SELECT node_id FROM instances WHERE id = $1 AND node_id IS NOT NULL${guard})`)
+      : nodes.length
+        ? specsBumpedSql(add(nodes))
+        : null;
+  if (bumped)
+    assignments.push(
+      `spec_generation = COALESCE((SELECT generation FROM g WHERE "nodeId" = ${opts.rowNode ? "instances.node_id" : `${add(nextNode)}::text`}), spec_generation)`,
+    );
   const extra = opts.parts?.(add) ?? [];
   const closing = opts.last ? w.closingParts(add) : [];
-  const text = `WITH ${nodes.length ? `g AS (${specsBumpedSql(add(nodes))}),` : ""}
+  const text = `WITH ${bumped ? `g AS (${bumped}),` : ""}
      ${CHANGED_ROW} AS (
        UPDATE instances SET ${[...assignments, "version = version + 1", "updated_at = $2"].join(", ")} WHERE id = $1${guard} RETURNING *),
      e AS (
@@ -142,7 +162,7 @@ export function changeStatement(
        SELECT id, tenant_id, pool_id, project_id, $3, state, desired_state, $4, $5, version, $2 FROM ${CHANGED_ROW} RETURNING id)
      ${[...extra, ...closing].map((part) => `, ${part}`).join("")}
      SELECT ${INSTANCE_COLUMNS}, (SELECT id::text FROM e) AS "eventId",
-            ${nodes.length ? `(SELECT json_agg(json_build_object('nodeId', "nodeId", 'generation', generation)) FROM g)` : "NULL"} AS specs FROM ${CHANGED_ROW}`;
+            ${bumped ? `(SELECT json_agg(json_build_object('nodeId', "nodeId", 'generation', generation)) FROM g)` : "NULL"} AS specs FROM ${CHANGED_ROW}`;
   return {
     text,
     params,

@@ -10,6 +10,7 @@ import { requireCapability } from "../pools/registry.ts";
 import { chargeQuota, releaseQuota } from "../tenancy/quota.ts";
 import { CHANGED_ROW, lockInstance, writeChange } from "./changes.ts";
 import type { Instance } from "./model.ts";
+import { powerInOneMessage, requestPower } from "./power-requests.ts";
 import type { DesiredState } from "./state.ts";
 
 /**
@@ -34,6 +35,7 @@ function notSandboxed(inst: Instance): Instance {
  * in error: there, asking for it to run (or be paused) is a retry (error → starting), however often it fails.
  */
 export async function setDesiredState(w: Write, who: Principal, id: string, desired: DesiredState): Promise<Instance> {
+  if (powerInOneMessage(w, who, desired)) return requestPower(w, who, id, desired);
   const held = await lockInstanceAndPool(w, who, id);
   if (!held) throw notFound("instance", id);
   const { inst, pool } = held;

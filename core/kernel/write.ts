@@ -50,6 +50,13 @@ export interface EventDetail {
 
 export class ContendedWrite extends Error {
   readonly code = "40001";
+  /** A write built on a guess that did not hold (power-requests.ts): run again as planned, not a contention to count. */
+  readonly guess: boolean;
+
+  constructor(message: string, opts: { guess?: boolean } = {}) {
+    super(message);
+    this.guess = opts.guess ?? false;
+  }
 }
 
 export class Write {

@@ -12,6 +12,9 @@ const drivers: ReadonlyMap<string, PoolDriver> = new Map([hostedDriver, provider
 /** The classes a pool may have, as stored (`vps-host`, `provider`). */
 export const poolClasses: readonly string[] = [...drivers.keys()];
 
+/** The classes whose driver can do `capability`: for a statement that checks a pool it has not read. */
+export const classesWith = (capability: Capability): string[] => [...drivers.values()].filter((d) => d.capabilities.has(capability)).map((d) => d.poolClass);
+
 export function driverFor(poolClass: string): PoolDriver {
   const d = drivers.get(poolClass);
   if (!d) throw invalid(`pool class ${poolClass} is not one of ${poolClasses.join(", ")}`, { path: "input.class" });

@@ -176,7 +176,13 @@ describe("host commands", () => {
         [resume, "instance.resume", "running", "RUNNING"],
       ] as const) {
         const before = stream.got.length;
-        await ask();
+        // The owner's request: the lock, the change, its command and audit row, and COMMIT in one message
+        // (power-requests.ts). Counted once the reconciler is done with the instance (a pass on the create's last
+        // step, or on the report before, names it too).
+        await until("the reconciler to be idle", async () =>
+          (await h.platform.jobs.depth()).every((d) => d.name !== "vps.instances" || d.waiting + d.active === 0),
+        );
+        expect(await messagesNaming(vm.id, ask)).toBe(1);
         await until(`the ${kind} to reach the host`, () => stream.got.slice(before).some((c) => c.kind === kind), 10_000);
         const cmd = stream.got.slice(before).find((c) => c.kind === kind) as (typeof stream.got)[number];
         const generation = Number(cmd.args.generation);
@@ -211,6 +217,50 @@ describe("host commands", () => {
       "host:paused",
       "host:resumed",
     ]);
+    await stream.close();
+  });
+
+  it("takes any other owner's request the general way after its one message found nothing to do, as if it had not tried", async () => {
+    const { t, vm, stream } = await aloneOn("guess", "guess");
+    const row = async () =>
+      (
+        await h.platform.read((sql) =>
+          sql.query<{ state: string; desiredState: string; version: number; commands: number }>(
+            `SELECT state, desired_state AS "desiredState", version, (SELECT count(*)::int FROM host_commands c WHERE c.instance_id = i.id) AS commands
+               FROM instances i WHERE id = $1`,
+            [vm.id],
+          ),
+        )
+      )[0];
+    const audited = async () =>
+      (await h.platform.db.prisma.auditLog.findMany({ where: { targetId: vm.id }, orderBy: { id: "asc" } })).map((a) => [a.action, a.details]);
+    const retries = h.platform.counts.retries;
+    const before = { row: await row(), audit: await audited() };
+    // Another tenant: not found, whichever move it asks for, and nothing is written.
+    const other = await h.tenant();
+    await expectCode(other.client.request(bc.PauseInstanceDocument, { id: vm.id }), "NOT_FOUND");
+    await expectCode(other.client.request(bc.StartInstanceDocument, { id: vm.id }), "NOT_FOUND");
+    expect({ row: await row(), audit: await audited() }).toEqual(before);
+    // Asked to run while it runs: nothing changes, and no audit row.
+    expect((await t.client.request(bc.StartInstanceDocument, { id: vm.id })).startInstance).toMatchObject({ state: "RUNNING", desiredState: "RUNNING" });
+    expect({ row: await row(), audit: await audited() }).toEqual(before);
+    // Stopped, then started: no command for the host (the spec says run), one audit row per request.
+    await t.client.request(bc.StopInstanceDocument, { id: vm.id });
+    await walk(h.platform, vm.id, ["stopped"]);
+    expect((await t.client.request(bc.StartInstanceDocument, { id: vm.id })).startInstance.desiredState).toBe("RUNNING");
+    // Paused before it runs again: wanted, with no command either (the host has nothing running to pause).
+    expect((await t.client.request(bc.PauseInstanceDocument, { id: vm.id })).pauseInstance.desiredState).toBe("PAUSED");
+    expect(await row()).toMatchObject({ desiredState: "paused", commands: 0 });
+    expect(await audited()).toEqual([
+      ...before.audit,
+      ["stopInstance", { desired: "stopped" }],
+      ["startInstance", { desired: "running" }],
+      ["pauseInstance", { desired: "paused" }],
+    ]);
+    expect(stream.got).toEqual([]);
+    // A guess that did not hold is no contention: the runner's retry count is the database's and the domain's.
+    expect(h.platform.counts.retries).toBe(retries);
+    expect(await invariantViolations(h.platform)).toEqual([]);
     await stream.close();
   });
 

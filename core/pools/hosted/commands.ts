@@ -56,7 +56,51 @@ export async function enqueueCommand(
     argsSql?: (args: string) => string;
   } = {},
 ): Promise<HostCommandRow> {
-  const row: HostCommandRow = {
+  const row = newCommand(w, c);
+  const insert = (p: (v: unknown) => string) => commandInsert(row, p, opts.argsSql);
+  // `deferred`: nothing later in the write reads the row (a pause or resume request), so it goes in with the
+  // write's last statement (Write.defer) instead of a round trip of its own.
+  if (opts.deferred) w.defer(insert);
+  else {
+    const params: unknown[] = [];
+    await w.sql.query(
+      insert((v) => `$${params.push(v)}`),
+      params,
+    );
+  }
+  w.command(c.nodeId, asHostCommand(row));
+  return row;
+}
+
+/**
+ * A command for the node an instance's row names, for a caller that has not read that row: its own statement
+ * carries `insert` as a WITH part, which writes the command only if the part `from` (a changed instance's row)
+ * has a row, with that row's node_id; `argsSql` completes the args from it. Once the statement has run,
+ * `queued` with the node and args it wrote: the agent is sent the command once the write commits.
+ */
+export function commandFromRow(
+  w: Write,
+  c: { instanceId: string; kind: HostCommandKind; args: Record<string, unknown>; timeoutMs: number },
+  from: string,
+  argsSql: (args: string) => string,
+) {
+  const row = newCommand(w, { ...c, nodeId: "" });
+  return {
+    row,
+    insert: (p: (v: unknown) => string) => commandInsert(row, p, argsSql, from),
+    queued(nodeId: string, args: Record<string, unknown>): HostCommandRow {
+      Object.assign(row, { nodeId, args });
+      w.command(nodeId, asHostCommand(row));
+      return row;
+    },
+  };
+}
+
+function newCommand(
+  w: Write,
+  c: { nodeId: string; instanceId: string; kind: HostCommandKind; args: Record<string, unknown>; timeoutMs: number },
+): HostCommandRow {
+  return {
     id: w.ids("cmd"),
     nodeId: c.nodeId,
     instanceId: c.instanceId,
@@ -71,23 +115,13 @@ export async function enqueueCommand(
     finishedAt: null,
     settledAt: null,
   };
-  const args = opts.argsSql ?? ((given: string) => given);
-  const insert = (p: (v: unknown) => string) =>
-    `INSERT INTO host_commands (id, node_id, instance_id, kind, args, deadline, created_at)
-     VALUES (${p(row.id)}::text, ${p(row.nodeId)}::text, ${p(row.instanceId)}::text, ${p(row.kind)}::text, ${args(`${p(JSON.stringify(row.args))}::jsonb`)},
-             ${p(row.deadline)}::timestamptz, ${p(row.createdAt)}::timestamptz)`;
-  // `deferred`: nothing later in the write reads the row (a pause or resume request), so it goes in with the
-  // write's last statement (Write.defer) instead of a round trip of its own.
-  if (opts.deferred) w.defer(insert);
-  else {
-    const params: unknown[] = [];
-    await w.sql.query(
-      insert((v) => `$${params.push(v)}`),
-      params,
-    );
-  }
-  w.command(c.nodeId, asHostCommand(row));
-  return row;
+}
+
+/** A command's INSERT, its values placed with `p`; from `from`'s row (its node_id), and only if it has one, where given. */
+function commandInsert(row: HostCommandRow, p: (v: unknown) => string, argsSql: (args: string) => string = (given) => given, from?: string): string {
+  return `INSERT INTO host_commands (id, node_id, instance_id, kind, args, deadline, created_at)
+     SELECT ${p(row.id)}::text, ${from ? `${from}.node_id` : `${p(row.nodeId)}::text`}, ${p(row.instanceId)}::text, ${p(row.kind)}::text,
+            ${argsSql(`${p(JSON.stringify(row.args))}::jsonb`)}, ${p(row.deadline)}::timestamptz, ${p(row.createdAt)}::timestamptz${from ? ` FROM ${from}` : ""}`;
 }
 
 /** What a node's agent should be working on: commands not finished and not past their deadline, oldest first. */
