@@ -1,6 +1,6 @@
 import type { Machine, MachineStatus } from "../../core/pools/provider/contract.ts";
 import type { ProxmoxConfig } from "./config.ts";
-import { missing, type PveApi } from "./http.ts";
+import { missing, type PveApi, PveError } from "./http.ts";
 import { type Marker, readMarker } from "./labels.ts";
 
 /** Where a VM lives: PVE addresses every VM call through its node. */
@@ -187,10 +187,18 @@ export class Vms {
     return undefined;
   }
 
-  /** The guest agent's addresses, IPv4 first; a VM without a working agent falls back to its static ipconfig0. */
+  /**
+   * The guest agent's addresses, IPv4 first; a VM without a working agent falls back to its static ipconfig0.
+   * Only PVE's own answer that the agent cannot answer (a 500: not running, a QMP timeout) means that. A refusal
+   * before the question reached the VM (a rate limit, the network, a proxy) says nothing of its addresses and
+   * fails the look: taken as "no agent", it would swap the addresses to the fallback and back with every refusal.
+   */
   private async agentAddresses(ref: Ref, fallback: string[]): Promise<string[]> {
     type Iface = { name?: string; "ip-addresses"?: { "ip-address"?: string; "ip-address-type"?: string }[] };
-    const answer = await this.api.get<{ result?: Iface[] }>(this.qemu(ref, "/agent/network-get-interfaces")).catch(() => null);
+    const answer = await this.api.get<{ result?: Iface[] }>(this.qemu(ref, "/agent/network-get-interfaces")).catch((e: unknown) => {
+      if (e instanceof PveError && e.code === "500") return null;
+      throw e;
+    });
     const ifaces = answer?.result ?? [];
     const all = ifaces.filter((i) => i.name !== "lo").flatMap((i) => i["ip-addresses"] ?? []);
     const v4 = all.filter((a) => a["ip-address-type"] === "ipv4").map((a) => a["ip-address"] ?? "");

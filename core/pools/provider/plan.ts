@@ -11,7 +11,8 @@ import type { Machine } from "./contract.ts";
  * recorded, by the instance's label (a machine a crashed worker made is found, and adopted, that way).
  */
 export type Step =
-  | { kind: "change"; set: InstanceSet; reason: string }
+  /** `last`: the look found nothing left to do but this write; it neither wakes the instance nor looks again. */
+  | { kind: "change"; set: InstanceSet; reason: string; last?: true }
   /** Reaching `deleted`: the quota charge is released with it, once. */
   | { kind: "deleted" }
   | { kind: "call"; call: "create" | "start" | "stop" | "delete" }
@@ -34,6 +35,21 @@ export function blocked(inst: Instance): boolean {
 }
 
 export function plan(inst: Instance, machine: Machine | null): Step {
+  const step = next(inst, machine);
+  // A look that succeeded ends a transient failure's note: left on an instance at rest, "rate limited" would
+  // describe a running machine for good. (A step on the way clears it already; a lasting failure stays.)
+  if (step.kind === "rest" && machine && inst.conditions.some((c) => c.type === PROVIDER_ERROR && c.reason === "transient"))
+    return {
+      kind: "change",
+      set: { conditions: inst.conditions.filter((c) => !(c.type === PROVIDER_ERROR && c.reason === "transient")) },
+      reason: "provider:recovered",
+      // Looking again at once, under a rate limit still spent by others, would be refused and noted again.
+      last: true,
+    };
+  return step;
+}
+
+function next(inst: Instance, machine: Machine | null): Step {
   const m = machine;
   const clear = clearedProviderErrors(inst);
   const seen = m ? { external_id: m.externalId, ...(sameAddresses(m.addresses, inst.addresses) ? {} : { addresses: m.addresses }) } : {};

@@ -85,22 +85,27 @@ export async function syncProviderInstance(io: SyncIo, instanceId: string): Prom
             if (cur.version !== inst.version) return null;
             return markDeleted(w, cur, "deleted", {});
           })
-        : await change(io, instanceId, (cur) => (cur.version === inst.version ? { set: step.set, reason: step.reason } : null));
+        : await change(io, instanceId, (cur) => (cur.version === inst.version ? { set: step.set, reason: step.reason, last: step.last } : null));
     if (!next) return 0; // someone changed it meanwhile: look again at once
     inst = next;
-    if (inst.state === "deleted") return done(instanceId);
+    if (inst.state === "deleted" || (step.kind === "change" && step.last)) return done(instanceId);
   }
   return later(io, instanceId, session);
 }
 
-type Change = { set: Parameters<typeof writeChange>[2]; reason: string };
+type Change = { set: Parameters<typeof writeChange>[2]; reason: string; last?: boolean };
 
-/** A guarded change: `decide` sees the row under its lock and says what to write, or null to write nothing. */
+/**
+ * A guarded change: `decide` sees the row under its lock and says what to write, or null to write nothing. A
+ * `last` change settles the instance: its event wakes no run, since the run writing it ends there.
+ */
 async function change(io: SyncIo, id: string, decide: (cur: Instance) => Change | null): Promise<Instance | null> {
   return io.write({ actor: "reconciler" }, async (w) => {
     const cur = await lockInstance(w, null, id);
     const c = decide(cur);
-    return c ? writeChange(w, cur, c.set, c.reason) : null;
+    if (!c) return null;
+    if (c.last) w.settle(id);
+    return writeChange(w, cur, c.set, c.reason);
   });
 }
 
