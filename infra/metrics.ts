@@ -28,6 +28,7 @@ export function platformMetrics(counts: { readonly writes: number; readonly even
   mirror("bc_events_published_total", "Instance events this process's writes published.", () => counts.eventsPublished);
   mirror("bc_writes_total", "Transactions this process's write path committed.", () => counts.writes);
   mirror("bc_write_retries_total", "Writes run again after a deadlock or serialisation failure.", () => counts.retries);
+  mirror("bc_write_guesses_missed_total", "Writes sent in one message on a guess the row then refuted, run again the general way.", () => counts.guessesMissed);
   new Gauge({
     name: "bc_jobs",
     help: "Jobs of each catalog entry waiting (due or delayed) and running, over every worker (read from the queues).",

@@ -63,7 +63,7 @@ export interface Platform {
    */
   readonly localEvents: Set<(events: WatchedEvent[]) => void>;
   /** What this process's writes have done, counted for /metrics: committed writes and the events they published. */
-  readonly counts: { writes: number; eventsPublished: number; retries: number };
+  readonly counts: { writes: number; eventsPublished: number; retries: number; guessesMissed: number };
   /** The process's metrics (infra/metrics.ts): the server's /metrics shows them, and the worker adds its jobs' timings. */
   readonly metrics: Registry;
   close(): Promise<void>;
@@ -108,7 +108,7 @@ export async function openPlatform(config: Config, opts: PlatformOptions = {}): 
   const now = opts.now ?? systemClock;
   const images = config.vps.images ?? tableImages;
 
-  const counts = { writes: 0, eventsPublished: 0, retries: 0 };
+  const counts = { writes: 0, eventsPublished: 0, retries: 0, guessesMissed: 0 };
   const metrics = platformMetrics(counts, jobs);
 
   /**
@@ -198,7 +198,8 @@ export async function openPlatform(config: Config, opts: PlatformOptions = {}): 
           // Deadlocks and serialisation failures are the database asking for a retry, not a user error.
           const { code, constraint } = e as { code?: string; constraint?: string };
           if (attempt < 4 && code && (RETRYABLE.has(code) || (code === "23505" && constraint && RETRY_ON_DUPLICATE.has(constraint)))) {
-            if (!(e instanceof ContendedWrite && e.guess)) counts.retries++;
+            if (e instanceof ContendedWrite && e.guess) counts.guessesMissed++;
+            else counts.retries++;
             continue;
           }
           throw e;
