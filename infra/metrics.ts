@@ -20,7 +20,10 @@ export const mirrorCounter =
  * when it runs alone) both show it, so in `bc dev` one scrape sees the API, the write path and the jobs together.
  * Process figures (memory, event loop), what this process's writes did, and each job's queue depth.
  */
-export function platformMetrics(counts: { readonly writes: number; readonly eventsPublished: number; readonly retries: number }, jobs: Jobs): Registry {
+export function platformMetrics(
+  counts: { readonly writes: number; readonly eventsPublished: number; readonly retries: number; readonly guessesMissed: number },
+  jobs: Jobs,
+): Registry {
   const registry = new Registry();
   const registers = [registry];
   collectDefaultMetrics({ register: registry });
