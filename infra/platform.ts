@@ -170,6 +170,8 @@ export async function openPlatform(config: Config, opts: PlatformOptions = {}): 
   const writeOn =
     (on: Pick<Database, "transaction">): Platform["write"] =>
     async (wopts, fn) => {
+      // Three retries for contention; a guess that missed (only ever on attempt 1) takes none of them.
+      let retried = 0;
       for (let attempt = 1; ; attempt++) {
         tracePoint("write.begin", wopts.action ?? wopts.actor);
         const sequencing = sequencer.write();
@@ -197,9 +199,13 @@ export async function openPlatform(config: Config, opts: PlatformOptions = {}): 
         } catch (e) {
           // Deadlocks and serialisation failures are the database asking for a retry, not a user error.
           const { code, constraint } = e as { code?: string; constraint?: string };
-          if (attempt < 4 && code && (RETRYABLE.has(code) || (code === "23505" && constraint && RETRY_ON_DUPLICATE.has(constraint)))) {
-            if (e instanceof ContendedWrite && e.guess) counts.guessesMissed++;
-            else counts.retries++;
+          if (e instanceof ContendedWrite && e.guess && attempt === 1) {
+            counts.guessesMissed++;
+            continue;
+          }
+          if (retried < 3 && code && (RETRYABLE.has(code) || (code === "23505" && constraint && RETRY_ON_DUPLICATE.has(constraint)))) {
+            retried++;
+            counts.retries++;
             continue;
           }
           throw e;

@@ -262,7 +262,7 @@ export async function admitInstance(w: Write, deps: AdmissionDeps, caller: Calle
     if (outcome.fresh && !(outcome.fresh.absent && outcome.fresh.same)) {
       // Not a refusal: the create was built on what is no longer so (or it is a replay). Run it again, looked up.
       if (!outcome.fresh.same) deps.lookups?.forget(lookupKey);
-      throw new ContendedWrite(`the create of ${id} was built on a remembered catalog that changed, or replays one`);
+      throw new ContendedWrite(`the create of ${id} was built on a remembered catalog that changed, or replays one`, { guess: true });
     }
     if (deferred && !outcome.held?.node_id)
       throw await deferred.refusal(sql, { addresses: outcome.held?.addresses ?? null, picked: outcome.held?.picked ?? null });

@@ -50,7 +50,10 @@ export interface EventDetail {
 
 export class ContendedWrite extends Error {
   readonly code = "40001";
-  /** A write built on a guess that did not hold (power-requests.ts): run again as planned, not a contention to count. */
+  /**
+   * A first attempt built on a guess that did not hold (power-requests.ts; admission's remembered catalog): run
+   * again as planned, counted apart from contention, and not taken from the write's retries.
+   */
   readonly guess: boolean;
 
   constructor(message: string, opts: { guess?: boolean } = {}) {
