@@ -20,10 +20,15 @@ export const mirrorCounter =
  * when it runs alone) both show it, so in `bc dev` one scrape sees the API, the write path and the jobs together.
  * Process figures (memory, event loop), what this process's writes did, and each job's queue depth.
  */
-export function platformMetrics(
-  counts: { readonly writes: number; readonly eventsPublished: number; readonly retries: number; readonly guessesMissed: number },
-  jobs: Jobs,
-): Registry {
+/** What a process's writes have done: committed, events published, retried, and guesses that missed. */
+export interface WriteCounts {
+  writes: number;
+  eventsPublished: number;
+  retries: number;
+  guessesMissed: number;
+}
+
+export function platformMetrics(counts: Readonly<WriteCounts>, jobs: Jobs): Registry {
   const registry = new Registry();
   const registers = [registry];
   collectDefaultMetrics({ register: registry });

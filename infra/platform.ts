@@ -19,7 +19,7 @@ import { type Database, openDatabase } from "./db/index.ts";
 import { migrate } from "./db/migrate.ts";
 import { bullJobs, type Jobs, memoryJobs } from "./jobs.ts";
 import { type Logger, logger } from "./log.ts";
-import { platformMetrics } from "./metrics.ts";
+import { platformMetrics, type WriteCounts } from "./metrics.ts";
 import { providerSessions } from "./providers.ts";
 import { eventSequencer } from "./sequencer.ts";
 
@@ -63,7 +63,7 @@ export interface Platform {
    */
   readonly localEvents: Set<(events: WatchedEvent[]) => void>;
   /** What this process's writes have done, counted for /metrics: committed writes and the events they published. */
-  readonly counts: { writes: number; eventsPublished: number; retries: number; guessesMissed: number };
+  readonly counts: WriteCounts;
   /** The process's metrics (infra/metrics.ts): the server's /metrics shows them, and the worker adds its jobs' timings. */
   readonly metrics: Registry;
   close(): Promise<void>;
@@ -108,7 +108,7 @@ export async function openPlatform(config: Config, opts: PlatformOptions = {}): 
   const now = opts.now ?? systemClock;
   const images = config.vps.images ?? tableImages;
 
-  const counts = { writes: 0, eventsPublished: 0, retries: 0, guessesMissed: 0 };
+  const counts: WriteCounts = { writes: 0, eventsPublished: 0, retries: 0, guessesMissed: 0 };
   const metrics = platformMetrics(counts, jobs);
 
   /**

@@ -22,6 +22,7 @@ export type Step =
 /** The condition of a failed provider call; `reason` is the failure's class. */
 export const PROVIDER_ERROR = "ProviderError";
 
+const transientNote = (c: Condition) => c.type === PROVIDER_ERROR && c.reason === "transient";
 const withoutProviderErrors = (c: readonly Condition[]) => c.filter((x) => x.type !== PROVIDER_ERROR);
 
 /** The change that clears an instance's ProviderError conditions, if it has any. */
@@ -38,10 +39,10 @@ export function plan(inst: Instance, machine: Machine | null): Step {
   const step = next(inst, machine);
   // A look that succeeded ends a transient failure's note: left on an instance at rest, "rate limited" would
   // describe a running machine for good. (A step on the way clears it already; a lasting failure stays.)
-  if (step.kind === "rest" && machine && inst.conditions.some((c) => c.type === PROVIDER_ERROR && c.reason === "transient"))
+  if (step.kind === "rest" && machine && inst.conditions.some(transientNote))
     return {
       kind: "change",
-      set: { conditions: inst.conditions.filter((c) => !(c.type === PROVIDER_ERROR && c.reason === "transient")) },
+      set: { conditions: inst.conditions.filter((c) => !transientNote(c)) },
       reason: "provider:recovered",
       // Looking again at once, under a rate limit still spent by others, would be refused and noted again.
       last: true,
