@@ -68,6 +68,12 @@ function prepared(text: string, params?: readonly unknown[]): pg.QueryConfig {
  * PREPARE of every statement it runs again. A few idle connections cost PostgreSQL little.
  */
 const IDLE_MS = 300_000;
+/**
+ * Session settings of the platform's connections. No JIT: every statement here is a short transaction's, and
+ * compiling one costs hundreds of milliseconds (seen when a function scan's default guess of 1,000 rows made
+ * admission's statement look costly enough to compile, on every create) for a run of a few.
+ */
+const SESSION = "-c jit=off";
 
 export interface DatabaseOptions {
   databaseUrl?: string;
@@ -83,7 +89,7 @@ export interface DatabaseOptions {
 /** PostgreSQL when a URL is given; otherwise PGlite, persisted under `dataDir` (or in memory for `memory://`). */
 export async function openDatabase(opts: DatabaseOptions): Promise<Database> {
   if (opts.databaseUrl) {
-    const pool = new pg.Pool({ connectionString: opts.databaseUrl, max: opts.poolSize ?? 10, idleTimeoutMillis: IDLE_MS });
+    const pool = new pg.Pool({ connectionString: opts.databaseUrl, max: opts.poolSize ?? 10, idleTimeoutMillis: IDLE_MS, options: SESSION });
     // An idle connection the server drops (a restart, a failover, DROP DATABASE … FORCE) is not fatal: the pool
     // replaces it on the next checkout. Without a listener, node-postgres would crash the whole process.
     pool.on("error", (e) => opts.onIdleError?.(e));
@@ -100,6 +106,7 @@ export async function openDatabase(opts: DatabaseOptions): Promise<Database> {
           max: api.connections,
           idleTimeoutMillis: IDLE_MS,
           statement_timeout: api.statementTimeoutMs || undefined,
+          options: SESSION,
         });
         apiPool.on("error", (e) => opts.onIdleError?.(e));
       }

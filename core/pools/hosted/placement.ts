@@ -30,43 +30,35 @@ export interface PlaceRequest {
 
 const CANDIDATES = 8;
 
-// What a node must have free for the request; p(1) pool, p(2) vCPUs, p(3) MiB, p(4) GiB, p(5) single-tenant, p(6)
-// tenant, p(7) the only node to consider (or null), p(8) nodes to avoid. Lost and gone nodes take nothing new.
-const fits = (p: Placeholder) => `n.pool_id = ${p(1)} AND n.state = 'ready' AND n.lost_at IS NULL AND n.gone_at IS NULL
-  AND (${p(7)}::text IS NULL OR n.id = ${p(7)}) AND NOT (n.id = ANY(${p(8)}::text[]))
-  AND n.cap_vcpus - n.alloc_vcpus >= ${p(2)} AND n.cap_memory_mib - n.alloc_memory_mib >= ${p(3)} AND n.cap_disk_gib - n.alloc_disk_gib >= ${p(4)}
-  AND (NOT ${p(5)}::boolean OR n.dedicated_tenant_id IS NULL OR n.dedicated_tenant_id = ${p(6)})`;
+// The nodes of the pool a request may take: p(1) pool, p(2) vCPUs, p(3) MiB, p(4) GiB, p(5) single-tenant, p(6)
+// tenant, p(7) the only node to consider (or null), p(8) nodes to avoid; node_fits (the hold_in_functions
+// migration) says what a node must be and have free, for claim_node as for this.
+const fits = (p: Placeholder) => `n.pool_id = ${p(1)} AND (${p(7)}::text IS NULL OR n.id = ${p(7)}) AND NOT (n.id = ANY(${p(8)}::text[]))
+  AND node_fits(n, ${p(2)}::int, ${p(3)}::bigint, ${p(4)}::bigint, ${p(5)}::boolean, ${p(6)}::text)`;
 type Placeholder = (k: number) => string;
 const dollar: Placeholder = (k) => `$${k}`;
 const FITS = fits(dollar);
 
-// Claim the counters of the node for the request (and bump its spec generation when asked); re-checks the fit on
-// the row version it locked.
-const claim = (
-  bumpSpec: boolean | undefined,
-  p: Placeholder = dollar,
-) => `UPDATE nodes n SET alloc_vcpus = alloc_vcpus + ${p(2)}, alloc_memory_mib = alloc_memory_mib + ${p(3)},
-    alloc_disk_gib = alloc_disk_gib + ${p(4)}, alloc_instances = alloc_instances + 1,
-    dedicated_tenant_id = CASE WHEN ${p(5)}::boolean THEN ${p(6)} ELSE dedicated_tenant_id END${bumpSpec ? ", spec_generation = spec_generation + 1" : ""}`;
-
-// Nodes without a GPU first (GPU hosts stay free for GPU work), then the fullest that fits.
-const bestFit = (p: Placeholder) => `SELECT n.id FROM nodes n WHERE ${fits(p)}
-  ORDER BY (SELECT count(*) FROM node_gpus g WHERE g.node_id = n.id AND g.allocation_id IS NULL), n.cap_memory_mib - n.alloc_memory_mib, n.id`;
+/**
+ * Claim a node for the request by the claim_node function (the hold_in_functions migration, which says the
+ * rule): the best fit no other transaction holds, or when all are held and `wait`, one at random, waited for, so
+ * waiters spread over the nodes instead of queueing on one; the fit is checked again on the row it locks. A
+ * function because a lock that meets a row changed under it rechecks the plan it is in: there, a small one.
+ * One row unless `guard` is false: `picked` (the node locked, null when none fits), and `id` and
+ * `spec_generation` (after the claim) when the claim held. p(1)…p(8) as placeParams.
+ */
+const claimSql = (bumpSpec: boolean | undefined, p: Placeholder, wait: boolean, guard = "true") =>
+  `SELECT c.picked, c.id, c.spec_generation FROM claim_node(${p(1)}::text, ${p(2)}::int, ${p(3)}::bigint, ${p(4)}::bigint, ${p(5)}::boolean, ${p(6)}::text,
+     ${p(7)}::text, ${p(8)}::text[], ${!!bumpSpec}, ${wait}, ${guard}) c`;
 
 /**
- * The claim's CTEs, for one statement: `claimed` (the node's id and spec generation) and `made` (the
- * allocation, p(9), for instance p(10)); `pick` the node locked for it. `pick` is the best fit no other
- * create holds (SKIP LOCKED) or, when all are held, one at random, waited for, so waiters spread over the nodes
- * instead of queueing on one; the lock re-checks the fit on the row as it is once free and moves on to the next
- * node if it no longer fits. `pick` is empty when none fits.
+ * The claim's CTEs, for one statement: `claimed` (claimSql's row) and `made` (the allocation, p(9), for instance
+ * p(10), when the claim held).
  */
-const claimCtes = (bumpSpec: boolean | undefined, p: Placeholder, guard = "true") => `pick AS (
-         SELECT COALESCE((${bestFit(p)} LIMIT 1 FOR UPDATE SKIP LOCKED),
-                         (SELECT n.id FROM nodes n WHERE ${fits(p)} ORDER BY random() LIMIT 1 FOR UPDATE)) AS id
-          WHERE ${guard}),
-       claimed AS (${claim(bumpSpec, p)} FROM pick WHERE n.id = pick.id AND ${fits(p)} RETURNING n.id, n.spec_generation),
+const claimCtes = (bumpSpec: boolean | undefined, p: Placeholder, guard = "true") => `claimed AS (${claimSql(bumpSpec, p, true, guard)}),
        made AS (INSERT INTO allocations (id, node_id, instance_id, tenant_id, vcpus, memory_mib, disk_gib)
-         SELECT ${p(9)}, claimed.id, ${p(10)}, ${p(6)}, ${p(2)}, ${p(3)}, ${p(4)} FROM claimed RETURNING id, node_id, vcpus, memory_mib)`;
+         SELECT ${p(9)}, claimed.id, ${p(10)}, ${p(6)}, ${p(2)}, ${p(3)}, ${p(4)} FROM claimed WHERE claimed.id IS NOT NULL
+         RETURNING id, node_id, vcpus, memory_mib)`;
 
 const placeParams = (req: PlaceRequest, allocationId: string) => {
   const s = req.shape;
@@ -86,7 +78,7 @@ const placeParams = (req: PlaceRequest, allocationId: string) => {
 
 /**
  * A placement for a caller's own statement (admission's last one, so that the node's row is locked for that
- * statement and its commit only): CTEs `pick`, `claimed`, `made` as claimCtes describes, taken only where
+ * statement and its commit only): CTEs `claimed` and `made` as claimCtes describes, taken only where
  * `guard` holds; `params` are the values of p(1)…p(10). GPU requests are not placed this way (`place` does).
  */
 export function placeInStatement(req: PlaceRequest, allocationId: string, guard: string): { ctes: (p: Placeholder) => string; params: unknown[] } {
@@ -144,10 +136,10 @@ export async function place(sql: Sql, ids: IdSource, req: PlaceRequest): Promise
 async function tryNode(sql: Sql, base: unknown[], req: PlaceRequest, nodeId: string, allocationId: string, wait: boolean): Promise<Placement | null | "busy"> {
   // A savepoint lets a node whose GPUs went short after the counters were claimed be given back whole.
   await sql.query("SAVEPOINT place_node");
+  const only = [...base.slice(0, 6), nodeId, base[7]];
   const claimed = await sql.query<{ id: string; generation: number }>(
-    `${claim(req.bumpSpec)} WHERE n.id = $9 AND ${FITS} ${wait ? "" : "AND n.id IN (SELECT id FROM nodes WHERE id = $9 FOR UPDATE SKIP LOCKED)"}
-     RETURNING n.id, n.spec_generation AS generation`,
-    [...base, nodeId],
+    `SELECT id, spec_generation AS generation FROM (${claimSql(req.bumpSpec, dollar, wait)}) c WHERE id IS NOT NULL`,
+    only,
   );
   if (claimed.length === 0) {
     await sql.query("ROLLBACK TO SAVEPOINT place_node");
