@@ -277,6 +277,7 @@ async function run_() {
       `ratio of medians: ${(of(p, "create") / of(b, "create")).toFixed(2)}; per round: median ${median(ratios).toFixed(2)}, ` +
         `range ${Math.min(...ratios).toFixed(2)}–${Math.max(...ratios).toFixed(2)} (goal: ratio of medians <= 1.10, no round above 1.25)`,
     );
+    console.log(`  per round, bare / platform: ${b.map((x, i) => `${ms(x.create)} / ${ms(p[i]?.create ?? Number.NaN)}`).join(", ")}`);
     const over = (k: "pause" | "resume" | "pauseHot" | "resumeHot") => `bare ${ms(of(b, k))}, platform ${ms(of(p, k))} (+${ms(of(p, k) - of(b, k))})`;
     console.log(`pause:  ${over("pause")}; resume: ${over("resume")} (medians; goal: + 15 ms at most)`);
     console.log(`  ${BACK_TO_BACK} more pairs per round, each call right after the last: pause ${over("pauseHot")}; resume ${over("resumeHot")}`);
