@@ -75,6 +75,23 @@ const IDLE_MS = 300_000;
  */
 const SESSION = "-c jit=off";
 
+/**
+ * The connection string with SESSION added to the session options it already gives (its `options` parameter):
+ * node-postgres takes `options` from the URL over its config, so an operator's options and ours would otherwise
+ * replace each other. As with any URL that names options, PGOPTIONS is not read: options go in the URL.
+ */
+export function withSessionOptions(databaseUrl: string): string {
+  let url: URL;
+  try {
+    url = new URL(databaseUrl);
+  } catch {
+    return databaseUrl; // a form only node-postgres reads (a bare socket path): left as given, JIT as the server has it
+  }
+  const given = url.searchParams.get("options") ?? "";
+  url.searchParams.set("options", `${given} ${SESSION}`.trim());
+  return url.toString();
+}
+
 export interface DatabaseOptions {
   databaseUrl?: string;
   dataDir?: string;
@@ -89,7 +106,8 @@ export interface DatabaseOptions {
 /** PostgreSQL when a URL is given; otherwise PGlite, persisted under `dataDir` (or in memory for `memory://`). */
 export async function openDatabase(opts: DatabaseOptions): Promise<Database> {
   if (opts.databaseUrl) {
-    const pool = new pg.Pool({ connectionString: opts.databaseUrl, max: opts.poolSize ?? 10, idleTimeoutMillis: IDLE_MS, options: SESSION });
+    const connectionString = withSessionOptions(opts.databaseUrl);
+    const pool = new pg.Pool({ connectionString, max: opts.poolSize ?? 10, idleTimeoutMillis: IDLE_MS });
     // An idle connection the server drops (a restart, a failover, DROP DATABASE … FORCE) is not fatal: the pool
     // replaces it on the next checkout. Without a listener, node-postgres would crash the whole process.
     pool.on("error", (e) => opts.onIdleError?.(e));
@@ -102,11 +120,10 @@ export async function openDatabase(opts: DatabaseOptions): Promise<Database> {
     const apiConnections = () => {
       if (!apiPool) {
         apiPool = new pg.Pool({
-          connectionString: opts.databaseUrl,
+          connectionString,
           max: api.connections,
           idleTimeoutMillis: IDLE_MS,
           statement_timeout: api.statementTimeoutMs || undefined,
-          options: SESSION,
         });
         apiPool.on("error", (e) => opts.onIdleError?.(e));
       }
