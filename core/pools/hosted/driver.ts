@@ -133,13 +133,13 @@ export const hostedDriver: PoolDriver = {
 
 /** The address, then the node (only once the address is held), as CTEs of admission's last statement. */
 function deferredHold(w: Write, req: AdmitRequest, placeReq: PlaceRequest): DeferredHold {
-  const placement = placeInStatement(placeReq, w.ids("alloc"), "EXISTS (SELECT FROM lease WHERE address IS NOT NULL)");
+  const placement = placeInStatement(placeReq, w.ids("alloc"), "EXISTS (SELECT FROM lease)");
   return {
     params: [req.pool.id, req.instanceId, w.now, ...placement.params],
     ctes: (p, gate) => `lease AS (${leaseSql(p(1), p(2), p(3), gate)}),
        ${placement.ctes((k) => p(k + 3))},
-       held AS (SELECT claimed.id AS node_id, claimed.spec_generation AS generation,
-                       (SELECT array_agg(address) FROM lease WHERE address IS NOT NULL) AS addresses, made.id AS allocation_id, claimed.picked
+       held AS (SELECT claimed.id AS node_id, claimed.spec_generation AS generation, (SELECT array_agg(address) FROM lease) AS addresses,
+                       made.id AS allocation_id, claimed.picked
                   FROM (SELECT 1) one LEFT JOIN claimed ON true LEFT JOIN made ON true)`,
     async refusal(sql, held) {
       if (!held.addresses?.length) return noFreeAddress(req.pool.id);

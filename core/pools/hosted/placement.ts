@@ -30,14 +30,13 @@ export interface PlaceRequest {
 
 const CANDIDATES = 8;
 
-// The nodes of the pool a request may take: p(1) pool, p(2) vCPUs, p(3) MiB, p(4) GiB, p(5) single-tenant, p(6)
-// tenant, p(7) the only node to consider (or null), p(8) nodes to avoid; node_fits (the hold_in_functions
-// migration) says what a node must be and have free, for claim_node as for this.
-const fits = (p: Placeholder) => `n.pool_id = ${p(1)} AND (${p(7)}::text IS NULL OR n.id = ${p(7)}) AND NOT (n.id = ANY(${p(8)}::text[]))
-  AND node_fits(n, ${p(2)}::int, ${p(3)}::bigint, ${p(4)}::bigint, ${p(5)}::boolean, ${p(6)}::text)`;
+// The nodes of the pool a request may take: $1 pool, $2 vCPUs, $3 MiB, $4 GiB, $5 single-tenant, $6 tenant, $7
+// the only node to consider (or null), $8 nodes to avoid; node_fits (the hold_in_functions migration) says what a
+// node must be and have free, for claim_node as for this.
+const FITS = `n.pool_id = $1 AND ($7::text IS NULL OR n.id = $7) AND NOT (n.id = ANY($8::text[]))
+  AND node_fits(n, $2::int, $3::bigint, $4::bigint, $5::boolean, $6::text)`;
 type Placeholder = (k: number) => string;
 const dollar: Placeholder = (k) => `$${k}`;
-const FITS = fits(dollar);
 
 /**
  * Claim a node for the request by the claim_node function (the hold_in_functions migration, which says the
