@@ -150,9 +150,11 @@ export async function admitInstance(w: Write, deps: AdmissionDeps, caller: Calle
   if (needsUsageRows(resources)) await ensureUsageRows(sql, caller.tenantId, resources);
 
   // One statement for the rest, hot rows last: the driver's deferred hold (hosted: the address, then the node)
-  // or what it already took, then the quota charge (the tenant's rows, which every create of the tenant waits
-  // on), then — only if the whole charge held — the instance, its events, its meter span and its audit row.
-  // Every row this locks is then held for this statement and the commit only.
+  // or what it already took, then the instance, its events, its meter span and its audit row, and last the
+  // quota charge (the tenant's rows, which every create of the tenant waits on), so those rows are held for the
+  // commit and little else. A charge that does not hold refuses the whole statement: committing, it raises
+  // (admission_refused) and nothing stays; otherwise the caller throws, and its transaction or savepoint takes
+  // the rows back (warm boots fall back to a savepoint; every other write ends on the error).
   const params: unknown[] = [];
   const add = (v: unknown) => {
     params.push(v);
@@ -218,8 +220,16 @@ export async function admitInstance(w: Write, deps: AdmissionDeps, caller: Calle
   type Row = Instance & { eventIds: string[] | null; outcome: Outcome };
   // The whole write: its last statement commits it (Sql.commitWith), and so must fail outright on a refusal.
   const commit = opts.commits ? (sql.commitWith as ((t: string, p: readonly unknown[]) => Promise<Row[]>) | undefined) : undefined;
+  // The charge's guard counts every row written before it: charge_quota's argument is evaluated before the
+  // call, so this makes PostgreSQL run those inserts to completion first (a CTE runs when read).
+  const chargeAfter = [
+    "EXISTS (SELECT FROM i)",
+    "(SELECT count(*) FROM e) > 0",
+    ...(span ? ["(SELECT count(*) FROM span) >= 0"] : []),
+    ...(audit ? ["(SELECT count(*) FROM audited) >= 0"] : []),
+  ].join(" AND ");
+  const whole = `(SELECT count(*) FROM q) = ${add(resources.length)}`;
   const text = `WITH ${fresh}${held},
-     q AS (${chargeSql(add(caller.tenantId), add(resources), add(amounts), `EXISTS (SELECT FROM held WHERE ${holds})`)}),
      i AS (
        INSERT INTO instances (id, tenant_id, pool_id, project_id, owner_identity_id, idempotency_key, request_hash, flavor, vcpus,
          memory_mib, disk_gib, gpus, image_id, image_url, image_sha256, image_format, image_verified, ssh_keys, user_data_sealed,
@@ -236,19 +246,21 @@ export async function admitInstance(w: Write, deps: AdmissionDeps, caller: Calle
          ${add(opts.sandbox?.restoreFrom ? JSON.stringify(opts.sandbox.restoreFrom) : null)}::jsonb, ${add(last.version)}, COALESCE(held.generation, 0),
          ${add(w.now)}::timestamptz, ${add(w.now)}::timestamptz
          FROM held
-        WHERE ${holds} AND (SELECT count(*) FROM q) = ${add(resources.length)}
+        WHERE ${holds}
        RETURNING *),
      e AS (
        INSERT INTO instance_events (instance_id, tenant_id, pool_id, project_id, from_state, to_state, desired_state, reason, actor, version, at)
        SELECT i.id, i.tenant_id, i.pool_id, i.project_id, s.from_state, s.to_state, i.desired_state, s.reason, s.actor, s.version, i.created_at
          FROM i, jsonb_to_recordset(${add(JSON.stringify(events))}::jsonb) AS s(from_state text, to_state text, reason text, actor text, version int)
         ORDER BY s.version RETURNING id, version)
-     ${span ? `, span AS (${span})` : ""}
-     ${audit ? `, audited AS (${audit})` : ""},
+     ${span ? `, span AS (${span} RETURNING 1)` : ""}
+     ${audit ? `, audited AS (${audit} RETURNING 1)` : ""},
+     q AS (${chargeSql(add(caller.tenantId), add(resources), add(amounts), chargeAfter)}),
      outcome AS (SELECT (SELECT array_agg(resource) FROM q) AS raised, (SELECT to_jsonb(held) FROM held) AS held
                         ${remembered ? ", (SELECT to_jsonb(fresh) FROM fresh) AS fresh" : ""})
-     SELECT ${INSTANCE_COLUMNS}, (SELECT array_agg(id::text ORDER BY version) FROM e) AS "eventIds", to_jsonb(outcome) AS outcome
-            ${commit ? ", CASE WHEN i.id IS NULL THEN admission_refused(to_jsonb(outcome)) END AS refused" : ""}
+     SELECT ${INSTANCE_COLUMNS}, CASE WHEN ${whole} THEN (SELECT array_agg(id::text ORDER BY version) FROM e) END AS "eventIds",
+            to_jsonb(outcome) AS outcome
+            ${commit ? `, CASE WHEN i.id IS NULL OR NOT ${whole} THEN admission_refused(to_jsonb(outcome)) END AS refused` : ""}
        FROM outcome LEFT JOIN i ON true`;
   let row: Row | undefined;
   try {
