@@ -396,16 +396,16 @@ async function executeOn(client: pg.PoolClient, statements: { text: string; args
  */
 function literal(v: unknown): string {
   if (v === null || v === undefined) return "NULL";
-  if (typeof v === "string") return pg.escapeLiteral(noNul(v));
+  if (typeof v === "string") return quoted(v);
   if (typeof v === "number") {
     if (!Number.isFinite(v)) throw new Error(`not a finite number: ${v}`);
     return `'${v}'`;
   }
   if (typeof v === "boolean" || typeof v === "bigint") return `'${v}'`;
-  if (v instanceof Date) return pg.escapeLiteral(v.toISOString());
-  if (Buffer.isBuffer(v)) return pg.escapeLiteral(`\\x${v.toString("hex")}`);
+  if (v instanceof Date) return `'${v.toISOString()}'`;
+  if (Buffer.isBuffer(v)) return quoted(`\\x${v.toString("hex")}`);
   if (Array.isArray(v))
-    return pg.escapeLiteral(
+    return quoted(
       `{${v
         .map((e) => {
           if (e === null || e === undefined) return "NULL";
@@ -415,6 +415,17 @@ function literal(v: unknown): string {
         .join(",")}}`,
     );
   throw new Error(`no literal for a ${typeof v}`);
+}
+
+/**
+ * A string as a literal: as pg.escapeLiteral makes it (an E'' literal when it holds a backslash, so the
+ * server's standard_conforming_strings does not matter), but most strings (ids, JSON without either character)
+ * are sent as they are, without pg's character-by-character copy, which showed in the API's profile.
+ */
+function quoted(s: string): string {
+  if (!/['\\\u0000]/.test(s)) return `'${s}'`;
+  noNul(s);
+  return s.includes("\\") ? ` E'${s.replace(/\\/g, "\\\\").replace(/'/g, "''")}'` : `'${s.replace(/'/g, "''")}'`;
 }
 
 /**
