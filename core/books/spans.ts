@@ -20,18 +20,23 @@ export interface SpanOwner {
  * The INSERT that opens the span of an allocation just taken; its shape (and GPUs) are the allocation's.
  * `p(k)` names the statement's placeholder for the k-th of spanParams' values; `source` (alias `a`: id, vcpus,
  * memory_mib) and `where` may say otherwise where the allocation comes from (admission's statement reads it
- * from the row it inserts, and joins its new instance, so no instance means no span).
+ * from the row it inserts, and joins its new instance, so no instance means no span). `noGpus`: the caller
+ * knows the allocation holds none (admission's common path), and the statement does without the lookup.
  */
 export const openSpanSql = (
   p: (k: number) => string,
   source = "allocations a",
   where = `a.id = ${p(1)}`,
+  noGpus = false,
 ) => `INSERT INTO meter_spans (id, allocation_id, instance_id, tenant_id, project_id, warm, vcpus, memory_mib, gpus, started_at, metered_until)
      SELECT ${p(0)}, a.id, ${p(2)}, ${p(3)}, ${p(4)}, ${p(5)}, a.vcpus, a.memory_mib,
-            COALESCE((SELECT jsonb_agg(jsonb_build_object('model', g.model, 'count', g.n) ORDER BY g.model)
-                        FROM (SELECT model, count(*)::int AS n FROM node_gpus WHERE allocation_id = a.id GROUP BY model) g), '[]'::jsonb),
+            ${noGpus ? "'[]'::jsonb" : GPUS_OF_A},
             ${p(6)}::timestamptz, ${p(6)}::timestamptz
        FROM ${source} WHERE ${where}`;
+
+/** The GPUs allocation `a` holds, by model, as a span records them. */
+const GPUS_OF_A = `COALESCE((SELECT jsonb_agg(jsonb_build_object('model', g.model, 'count', g.n) ORDER BY g.model)
+                        FROM (SELECT model, count(*)::int AS n FROM node_gpus WHERE allocation_id = a.id GROUP BY model) g), '[]'::jsonb)`;
 
 export const spanParams = (w: Write, allocationId: string, owner: SpanOwner) => [
   w.ids("mspan"),

@@ -201,7 +201,7 @@ export async function admitInstance(w: Write, deps: AdmissionDeps, caller: Calle
   const spanAt = new Map<number, string>();
   const spanP = (k: number) => spanAt.get(k) ?? (spanAt.set(k, add(spanValues[k])).get(k) as string);
   const span = deferred
-    ? openSpanSql(spanP, "made a JOIN i ON true", "true")
+    ? openSpanSql(spanP, "made a JOIN i ON true", "true", true) // the deferred hold is for requests without GPUs
     : placed.allocationId
       ? openSpanSql(spanP, "allocations a JOIN i ON true", "a.id = i.allocation_id")
       : null;
@@ -223,12 +223,10 @@ export async function admitInstance(w: Write, deps: AdmissionDeps, caller: Calle
   // The charge's guard counts every row written before it: charge_quota's argument is evaluated before the
   // call, so this makes PostgreSQL run those inserts to completion first (a CTE runs when read).
   const chargeAfter = [
-    "EXISTS (SELECT FROM i)",
     "(SELECT count(*) FROM e) > 0",
-    ...(span ? ["(SELECT count(*) FROM span) >= 0"] : []),
-    ...(audit ? ["(SELECT count(*) FROM audited) >= 0"] : []),
+    ...(span ? ["EXISTS (SELECT FROM span) IS NOT NULL"] : []),
+    ...(audit ? ["EXISTS (SELECT FROM audited) IS NOT NULL"] : []),
   ].join(" AND ");
-  const whole = `(SELECT count(*) FROM q) = ${add(resources.length)}`;
   const text = `WITH ${fresh}${held},
      i AS (
        INSERT INTO instances (id, tenant_id, pool_id, project_id, owner_identity_id, idempotency_key, request_hash, flavor, vcpus,
@@ -256,11 +254,13 @@ export async function admitInstance(w: Write, deps: AdmissionDeps, caller: Calle
      ${span ? `, span AS (${span} RETURNING 1)` : ""}
      ${audit ? `, audited AS (${audit} RETURNING 1)` : ""},
      q AS (${chargeSql(add(caller.tenantId), add(resources), add(amounts), chargeAfter)}),
-     outcome AS (SELECT (SELECT array_agg(resource) FROM q) AS raised, (SELECT to_jsonb(held) FROM held) AS held
-                        ${remembered ? ", (SELECT to_jsonb(fresh) FROM fresh) AS fresh" : ""})
-     SELECT ${INSTANCE_COLUMNS}, CASE WHEN ${whole} THEN (SELECT array_agg(id::text ORDER BY version) FROM e) END AS "eventIds",
+     outcome AS MATERIALIZED (
+       SELECT (SELECT array_agg(resource) FROM q) AS raised, (SELECT to_jsonb(held) FROM held) AS held,
+              (SELECT count(*) FROM q) = ${add(resources.length)} AS whole
+              ${remembered ? ", (SELECT to_jsonb(fresh) FROM fresh) AS fresh" : ""})
+     SELECT ${INSTANCE_COLUMNS}, CASE WHEN outcome.whole THEN (SELECT array_agg(id::text ORDER BY version) FROM e) END AS "eventIds",
             to_jsonb(outcome) AS outcome
-            ${commit ? `, CASE WHEN i.id IS NULL OR NOT ${whole} THEN admission_refused(to_jsonb(outcome)) END AS refused` : ""}
+            ${commit ? ", CASE WHEN i.id IS NULL OR NOT outcome.whole THEN admission_refused(to_jsonb(outcome)) END AS refused" : ""}
        FROM outcome LEFT JOIN i ON true`;
   let row: Row | undefined;
   try {
