@@ -423,8 +423,8 @@ function literal(v: unknown): string {
  * are sent as they are, without pg's character-by-character copy, which showed in the API's profile.
  */
 function quoted(s: string): string {
-  if (!/['\\\u0000]/.test(s)) return `'${s}'`;
   noNul(s);
+  if (!/['\\]/.test(s)) return `'${s}'`;
   return s.includes("\\") ? ` E'${s.replace(/\\/g, "\\\\").replace(/'/g, "''")}'` : `'${s.replace(/'/g, "''")}'`;
 }
 
