@@ -1,5 +1,6 @@
 import pg from "pg";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { admitInstance } from "../../core/instances/admission.ts";
 import { instanceId } from "../../core/kernel/ids.ts";
 import {
   CreateInstanceDocument,
@@ -332,6 +333,20 @@ describe("createInstance refusals change nothing", () => {
     await t.client.request(StopInstanceDocument, { id: a.id });
     await refusedWithoutTrace(() => create(t.client, { ...base(), idempotencyKey: "q5" }), "QUOTA_EXCEEDED");
     expect((await t.client.request(InstanceDocument, { id: a.id })).instance?.desiredState).toBe("STOPPED");
+  });
+
+  it("inside a larger write (as a sandbox's boot is), a create refused by its quota charge leaves nothing either", async () => {
+    // The charge comes after the instance, its events, span and audit row are written: a refusal there must
+    // still take all of them back, here through the error that ends the write rather than admission_refused.
+    const u = await h.tenant({ quota: { vcpus: 1 } });
+    const err = await refusedWithoutTrace(
+      () =>
+        h.platform.write({ actor: u.identityId, action: "createInstance" }, (w) =>
+          admitInstance(w, h.platform.admission, { identityId: u.identityId, tenantId: u.id }, { ...base(), idempotencyKey: "inner" }),
+        ),
+      "QUOTA_EXCEEDED",
+    );
+    expect(err.message).toMatch(/quota vcpus exceeded: limit 1, in use 0, asked 2/);
   });
 
   it("FORBIDDEN without the create scope; UNAUTHENTICATED without a token", async () => {
