@@ -356,7 +356,7 @@ async function run() {
     // steady (something else held the CPU or the disk for a phase), and no ratio of it means anything.
     const steady = Math.min(first, last) >= Math.max(first, last) / 2;
     console.log(
-      `ratio of the write set (mean ${limit.toFixed(0)} tps): core ${coreRatio.toFixed(2)}, API ${apiRatio.toFixed(2)}  ` +
+      `ratio of the write set (mean ${limit.toFixed(0)} tps): core ${coreRatio.toFixed(3)}, API ${apiRatio.toFixed(3)}  ` +
         (steady
           ? `(goal: API >= ${GOAL} — ${apiRatio >= GOAL ? "met" : "NOT met"})`
           : `(not judged: the write set ran at ${first.toFixed(0)} and then ${last.toFixed(0)} tps; the machine was not steady, run again)`),
