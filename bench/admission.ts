@@ -1,7 +1,7 @@
 /**
  * Admission throughput against what PostgreSQL allows for the same writes on the same hot rows.
  *
- *   npm run bench:admission -- [--clients 16] [--seconds 10] [--nodes 3] [--tenants 1] [--warm 2] [--insert 0] [--api-connections 0] [--statements 6]
+ *   npm run bench:admission -- [--clients 16] [--seconds 10] [--nodes 3] [--tenants 1] [--warm 2] [--warm-max 30] [--insert 0] [--api-connections 0] [--statements 6]
  *
  * In one run, each phase `seconds` long with `clients` concurrent clients, one hosted pool of `nodes` hosts and
  * a /16, `tenants` tenants (client i creates as tenant i mod tenants):
@@ -18,9 +18,11 @@
  * Both sides start warm, as a database in service is: `warm` seconds of the same writes, then ANALYZE, so that
  * neither is planned from statistics taken while its tables were empty (PostgreSQL keeps a connection's plans,
  * foreign-key checks' included, until statistics change; autovacuum would refresh them within a minute, after
- * the phase). The API phase also creates through the API for `warm` seconds before it is measured, as a server
- * in service has run its code before: V8 compiles what turns hot, on the process's CPU. `--warm 0` measures
- * from empty tables and cold code instead.
+ * the phase). The API phase also creates through the API before it is measured, as a server in service has run
+ * its code before: V8 compiles what turns hot, on the process's CPU, and under this load the platform's code
+ * grows for 15 to 20 s. That warm-up lasts `warm` seconds at least, then until the compiled code of the
+ * platform and of its clients has stopped growing, `warm-max` seconds at most (bench/lib.ts, Warm); the line
+ * says how long it took. `--warm 0` measures from empty tables and cold code instead.
  *
  * Prints creates/s for each, core and API as ratios of the write set, the CPU each create cost each process
  * (the platform, the API's clients, PostgreSQL's and Redis's processes, the rest), and what the platform sent
@@ -42,6 +44,7 @@ import {
   childPhase,
   childrenCpu,
   closedLoop,
+  compiledCode,
   exitWhenDone,
   machineCpu,
   pgbench,
@@ -50,9 +53,10 @@ import {
   scratchDatabase,
   serviceCpu,
   warmThenMeasure,
+  warmUp,
 } from "./lib.ts";
 
-const args = benchArgs({ clients: 16, seconds: 10, nodes: 3, tenants: 1, insert: 0, "api-connections": 0, statements: 6, warm: 2 });
+const args = benchArgs({ clients: 16, seconds: 10, nodes: 3, tenants: 1, insert: 0, "api-connections": 0, statements: 6, warm: 2, "warm-max": 30 });
 const GOAL = 0.5;
 // No run comes near these, so a refusal in the figures is a bug, not a full tenant or host: a /16 holds 65,533
 // addresses, and every host and quota has room for all of them.
@@ -209,16 +213,16 @@ interface ClientPlan {
   tokens: string[];
   poolId: string;
   imageId: string;
-  /** Seconds of creates before the measured loop. */
+  /** Seconds of creates before the measured loop, at least (Warm). */
   warm: number;
 }
 /** Set in the client process this bench forks for the API phase. */
 const ROLE = "ADMISSION_CLIENTS";
 
 /** The API phase's clients: a child process of this bench (the same file, under the same loader). */
-function apiClients(plan: ClientPlan, measure: () => Promise<void>): Promise<LoopResult> {
+function apiClients(plan: ClientPlan, measure: () => Promise<void>): Promise<LoopResult & { warmedSeconds: number }> {
   const child = fork(fileURLToPath(import.meta.url), process.argv.slice(2), { env: { ...process.env, [ROLE]: "1" } });
-  return childPhase<LoopResult>(child, plan, measure).finally(() => child.kill());
+  return childPhase<LoopResult>(child, plan, measure, { min: plan.warm, max: Math.max(plan.warm, args["warm-max"]) }).finally(() => child.kill());
 }
 
 async function clientProcess() {
@@ -304,10 +308,10 @@ async function run() {
         ),
       );
     };
-    if (args.warm > 0) {
-      await closedLoop(c, args.warm, coreCreate("warm"));
-      psql(databaseUrl as string, ["-c", "ANALYZE"]);
-    }
+    // The core's warm-up is the API's (Warm), on this process's code alone; rounds of a second, apart in their keys.
+    const coreWarm = warmUp({ min: args.warm, max: Math.max(args.warm, args["warm-max"]) });
+    for (let round = 0; coreWarm.more([compiledCode()]); round++) await closedLoop(c, Math.min(1, args.warm), coreCreate(`warm${round}`));
+    if (args.warm > 0) psql(databaseUrl as string, ["-c", "ANALYZE"]);
     const hostCounts = async () =>
       (await platform.read((sql) => sql.query<{ n: number }>(`SELECT alloc_instances AS n FROM nodes WHERE pool_id = $1 ORDER BY id`, [fx.poolId]))).map(
         (r) => r.n,
@@ -323,7 +327,7 @@ async function run() {
     line(
       "admission, core transaction:",
       core.perSecond,
-      `creates/s  p50 ${core.p50.toFixed(1)} ms  p99 ${core.p99.toFixed(1)} ms  errors ${core.errors}  hosts ${await spreadSince(before)}`,
+      `creates/s  p50 ${core.p50.toFixed(1)} ms  p99 ${core.p99.toFixed(1)} ms  errors ${core.errors}  hosts ${await spreadSince(before)}  after ${coreWarm.seconds().toFixed(0)} s warm`,
     );
     console.log(coreCpu);
     console.log(coreProfile);
@@ -342,7 +346,7 @@ async function run() {
     line(
       "admission, whole API (HTTP+Redis):",
       api.perSecond,
-      `creates/s  p50 ${api.p50.toFixed(1)} ms  p99 ${api.p99.toFixed(1)} ms  errors ${api.errors}  hosts ${await spreadSince(before)}`,
+      `creates/s  p50 ${api.p50.toFixed(1)} ms  p99 ${api.p99.toFixed(1)} ms  errors ${api.errors}  hosts ${await spreadSince(before)}  after ${api.warmedSeconds.toFixed(0)} s warm`,
     );
     console.log(apiCpu);
     console.log(apiProfile);

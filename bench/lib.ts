@@ -4,6 +4,7 @@ import { mkdtempSync, readdirSync, readFileSync, rmSync, writeFileSync } from "n
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { parseArgs } from "node:util";
+import { getHeapCodeStatistics } from "node:v8";
 import { parseConfig } from "../infra/config.ts";
 import { openDatabase } from "../infra/db/index.ts";
 import { migrate } from "../infra/db/migrate.ts";
@@ -181,18 +182,44 @@ export async function closedLoop(clients: number, seconds: number, call: (client
   return { done: latencies.length, errors, perSecond: latencies.length / elapsed, p50: percentile(latencies, 50), p99: percentile(latencies, 99) };
 }
 
+/** Bytes of compiled code this process holds (V8's machine code and bytecode, with their metadata). */
+export function compiledCode(): number {
+  const s = getHeapCodeStatistics();
+  return s.code_and_metadata_size + s.bytecode_and_metadata_size;
+}
+
+/**
+ * How long a warm-up lasts: at least `min` seconds, then until the compiled code of each process taking part
+ * (sampled after each round of a second) grew by less than 1% over the last three rounds, at most `max` seconds.
+ * V8 compiles what turns hot on the process's own CPU and a little at a time: under a saturating load a server's
+ * code took 15 to 20 s to stop growing, and until then its optimizing compiler took a tenth of its CPU (perf,
+ * bench/admission's API phase two seconds in; under 1% twenty seconds in). A server in service is past that.
+ */
+export interface Warm {
+  min: number;
+  max: number;
+}
+const SETTLE_ROUNDS = 3;
+const SETTLE_GROWTH = 0.01;
+
 /**
  * A measured phase run by a bench's client process (a child, as a server's callers are): the parent sends
- * `plan`; the child runs its calls for a warm-up, says "warm", and starts the measured loop when the parent,
- * ready (`measure`: counters reset), says "go" (warmThenMeasure). Resolves with what the child sends back.
+ * `plan`; the child runs its calls in rounds of a second, saying "warm" (with its compiled code's size) after
+ * each; the parent answers "more" until the warm-up is over (Warm), then, ready (`measure`: counters reset),
+ * "go", and the child runs the measured loop (warmThenMeasure). Resolves with what the child sends back and
+ * how many seconds the warm-up took.
  */
-export function childPhase<R>(child: ChildProcess, plan: object, measure: () => void | Promise<void>): Promise<R> {
+export function childPhase<R>(child: ChildProcess, plan: object, measure: () => void | Promise<void>, warm?: Warm): Promise<R & { warmedSeconds: number }> {
   return new Promise((resolve, reject) => {
     const exited = (code: number | null) => reject(new Error(`the client process exited (${code})`));
+    const warming = warmUp(warm);
     const onMessage = (m: unknown) => {
-      if (m === "warm") return void Promise.resolve(measure()).then(() => child.send("go"), reject);
+      if (typeof m === "object" && m !== null && "warm" in m) {
+        if (warming.more([compiledCode(), Number(m.warm)])) return void child.send("more");
+        return void Promise.resolve(measure()).then(() => child.send("go"), reject);
+      }
       child.off("message", onMessage).off("exit", exited);
-      resolve(m as R);
+      resolve({ ...(m as R), warmedSeconds: warming.seconds() });
     };
     child.on("message", onMessage).once("exit", exited);
     child.send(plan as Serializable);
@@ -200,13 +227,44 @@ export function childPhase<R>(child: ChildProcess, plan: object, measure: () => 
 }
 
 /**
- * The client side of childPhase: `warm` seconds of `call` (numbered far past the measured run's), then the
- * measured closed loop once the parent says "go", with the CPU this process spent in it.
+ * A warm-up's clock (Warm): `more` takes the compiled code's sizes after a round and says whether to run another;
+ * `seconds` is how long the rounds took until it said no.
+ */
+export function warmUp(warm: Warm | undefined) {
+  const started = performance.now();
+  const series: number[][] = [];
+  let took = 0;
+  const over = () => {
+    const s = (performance.now() - started) / 1000;
+    if (!warm || warm.min <= 0 || s >= warm.max) return true;
+    if (s < warm.min || series.length <= SETTLE_ROUNDS) return false;
+    const now = series[series.length - 1] as number[];
+    const then = series[series.length - 1 - SETTLE_ROUNDS] as number[];
+    return now.every((bytes, i) => bytes <= (then[i] as number) * (1 + SETTLE_GROWTH));
+  };
+  return {
+    more(sizes: number[]): boolean {
+      series.push(sizes);
+      if (!over()) return true;
+      took = (performance.now() - started) / 1000;
+      return false;
+    },
+    seconds: () => took,
+  };
+}
+
+/**
+ * The client side of childPhase: rounds of a second of `call` (numbered far past the measured run's, and apart
+ * for each round) while the parent says "more" (none with `warm` 0), then the measured closed loop once it says
+ * "go", with the CPU this process spent in it.
  */
 export async function warmThenMeasure(clients: number, warm: number, seconds: number, call: (client: number, n: number) => Promise<void>) {
-  if (warm > 0) await closedLoop(clients, warm, (i, n) => call(i, n + 1_000_000_000));
-  await new Promise((sent) => process.send?.("warm", sent));
-  await new Promise((go) => process.once("message", go));
+  for (let round = 0; ; round++) {
+    if (warm > 0) await closedLoop(clients, Math.min(1, warm), (i, n) => call(i, n + 1_000_000_000 + round * 10_000_000));
+    await new Promise((sent) => process.send?.({ warm: compiledCode() }, sent));
+    const answer = await new Promise((heard) => process.once("message", heard));
+    if (answer === "go") break;
+  }
   const cpu0 = process.cpuUsage();
   const result = await closedLoop(clients, seconds, call);
   const cpu = process.cpuUsage(cpu0);

@@ -67,11 +67,16 @@ async function run() {
     for (const kind of KINDS) {
       let cpu0 = process.cpuUsage();
       const plan: Plan = { kind, url: app.url, token: fx.tenants[0]?.token ?? "", poolId: fx.poolId, imageId: fx.imageId };
-      const loop = await childPhase<Awaited<ReturnType<typeof closedLoop>>>(child, plan, () => {
-        // Statistics as a database in service has them (bench/admission.ts says why).
-        if (kind === "create") psql(databaseUrl as string, ["-c", "ANALYZE"]);
-        cpu0 = process.cpuUsage();
-      });
+      const loop = await childPhase<Awaited<ReturnType<typeof closedLoop>>>(
+        child,
+        plan,
+        () => {
+          // Statistics as a database in service has them (bench/admission.ts says why).
+          if (kind === "create") psql(databaseUrl as string, ["-c", "ANALYZE"]);
+          cpu0 = process.cpuUsage();
+        },
+        { min: args.warm, max: args.warm },
+      );
       const result = { ...loop, cpu: process.cpuUsage(cpu0) };
       const per = (micros: number) => micros / 1000 / result.done;
       const total = per(result.cpu.user + result.cpu.system);
