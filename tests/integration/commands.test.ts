@@ -195,7 +195,7 @@ describe("host commands", () => {
         const said = sent.map((m) => m.slice(0, 300)).join("\n");
         expect(sent.length, said).toBeGreaterThanOrEqual(1);
         expect(sent.length, said).toBeLessThanOrEqual(1 + h.platform.counts.retries - retries);
-        expect(sent[0]).toMatch(/^(PREPARE .*; )?BEGIN; EXECUTE .*; COMMIT$/);
+        expect(sent[0]).toMatch(/^(PREPARE .*; )?BEGIN; SET LOCAL plan_cache_mode = force_generic_plan; EXECUTE .*; COMMIT$/);
         await until(`the ${kind} to reach the host`, () => stream.got.slice(before).some((c) => c.kind === kind), 10_000);
         const cmd = stream.got.slice(before).find((c) => c.kind === kind) as (typeof stream.got)[number];
         const generation = Number(cmd.args.generation);

@@ -190,11 +190,11 @@ describe("a statement new to its connection", () => {
     );
     expect(result).toEqual([1, 2]);
     expect(sent).toHaveLength(2);
-    expect(sent[0]).toMatch(/^PREPARE bcx_\d+ AS INSERT .* first \*\/; BEGIN; EXECUTE bcx_\d+\(/);
+    expect(sent[0]).toMatch(/^PREPARE bcx_\d+ AS INSERT .* first \*\/; BEGIN; SET LOCAL plan_cache_mode = force_generic_plan; EXECUTE bcx_\d+\(/);
     expect(sent[1]).toMatch(/^PREPARE bcx_\d+ AS INSERT .* last \*\/; EXECUTE bcx_\d+\(.*\); COMMIT$/);
     // Known to the connection now: the next transaction sends no PREPARE.
     const again = await messagesOf(() => db.transaction(async (sql) => commitWith(sql)(last, [marker, 3])));
-    expect(again.sent).toEqual([expect.stringMatching(/^BEGIN; EXECUTE bcx_\d+\(.*\); COMMIT$/)]);
+    expect(again.sent).toEqual([expect.stringMatching(/^BEGIN; SET LOCAL plan_cache_mode = force_generic_plan; EXECUTE bcx_\d+\(.*\); COMMIT$/)]);
     const [n] = await db.read((sql) => sql.query<{ n: number }>(`SELECT count(*)::int AS n FROM cw WHERE t = $1`, [marker]));
     expect(n?.n).toBe(3);
   });
@@ -212,6 +212,29 @@ describe("a statement new to its connection", () => {
     expect(row?.n).toBe(5);
     const [first] = await db.transaction((sql) => sql.query<{ n: number }>(text, [marker, 6]));
     expect(first?.n).toBe(6);
+  });
+});
+
+describe("a write's prepared statements", () => {
+  it("run on their generic plan from the first execution: a write is not planned again each time it runs", async () => {
+    const marker = `generic-${Date.now()}`;
+    const text = `UPDATE cw SET n = n + 1 WHERE id = $1 AND t = $2 RETURNING n /* ${marker} */`;
+    const [{ id }] = (await db.transaction((sql) => commitWith(sql)<{ id: number }>(`INSERT INTO cw (t, n) VALUES ($1, 0) RETURNING id`, [marker]))) as [
+      { id: number },
+    ];
+    // Once through each path that begins a transaction in its message (a first statement, a last one with COMMIT).
+    await db.transaction((sql) => sql.query(text, [id, marker]));
+    await db.transaction((sql) => commitWith(sql)(text, [id, marker]));
+    await db.transaction((sql) => commitWith(sql)(text, [id, marker]));
+    // poolSize 1: the read is on the connection the statement was prepared on.
+    const [plans] = await db.read((sql) =>
+      sql.query<{ generic: number; custom: number }>(
+        `SELECT generic_plans::int AS generic, custom_plans::int AS custom FROM pg_prepared_statements WHERE statement LIKE $1`,
+        // A statement's text there is the whole message that prepared it.
+        [`%PREPARE % AS UPDATE cw %${marker} */%`],
+      ),
+    );
+    expect(plans).toEqual({ generic: 3, custom: 0 });
   });
 });
 
@@ -235,7 +258,7 @@ describe("Sql.batch", () => {
     );
     expect(result).toEqual([[{ n: 1 }], [{ n: 1 }]]);
     expect(sent).toHaveLength(2);
-    expect(sent[0]).toMatch(/BEGIN; EXECUTE bcx_\d+\(.*\); EXECUTE bcx_\d+\(/);
+    expect(sent[0]).toMatch(/BEGIN; SET LOCAL plan_cache_mode = force_generic_plan; EXECUTE bcx_\d+\(.*\); EXECUTE bcx_\d+\(/);
     expect(sent[1]).toBe("COMMIT");
     await expect(
       db.transaction((sql) =>
