@@ -244,22 +244,23 @@ async function checkout(pool: pg.Pool): Promise<{ client: pg.PoolClient; release
 }
 
 /**
+ * What BEGIN says in a transaction's first message (pgTransaction, below): the transaction runs its prepared
+ * statements on their generic plans. Left to choose, PostgreSQL kept planning the power writes and the host's
+ * heartbeat afresh at every execution (a custom plan no cheaper to run than the generic one: pg_stat_statements
+ * under bench/libvirt, 0.4–1.0 ms of planning against 0.15–0.35 of execution), on the path a caller waits on.
+ * Every statement of a write is keyed by the ids it changes, so its plan does not depend on the values;
+ * admission's statement had gone generic of itself.
+ */
+const BEGIN = "BEGIN; SET LOCAL plan_cache_mode = force_generic_plan; ";
+/** The results BEGIN's statements return, ahead of the message's own. */
+const BEGUN = 2;
+
+/**
  * A transaction on one pooled connection. BEGIN rides on the transaction's first statement (one message: BEGIN,
  * then EXECUTE of that statement prepared on the connection), and a write whose last statement carries COMMIT
  * (`commitWith`) ends in that statement's message: every round trip to the server costs a wake-up of two
  * processes, and a short write is mostly those. A transaction that sent nothing sends neither.
  */
-/**
- * What BEGIN says in those messages: the transaction runs its prepared statements on their generic plans. Left
- * to choose, PostgreSQL kept planning the power writes and the host's heartbeat afresh at every execution (a
- * custom plan no cheaper to run than the generic one: pg_stat_statements, bench/libvirt, 0.4–1.0 ms of
- * planning against 0.15–0.35 of execution), on the path a caller waits on. Every statement of a write is keyed
- * by the ids it changes, so its plan does not depend on the values; admission's statement had gone generic of
- * itself.
- */
-const BEGIN = "BEGIN; SET LOCAL plan_cache_mode = force_generic_plan; ";
-/** The results BEGIN's statements return, ahead of the message's own. */
-const BEGUN = 2;
 async function pgTransaction<T>(pool: pg.Pool, fn: (sql: Sql) => Promise<T>, opts?: TransactionOptions): Promise<T> {
   const { client, release } = await checkout(pool);
   const before = opts?.beforeCommit;
