@@ -11,6 +11,8 @@
  *     more pairs on each side, back to back.
  * Before the timed rounds the platform pauses and resumes one instance `warm` times, as a platform in service has
  * run those paths before; the first of those pairs is printed too, as the cold figure.
+ * `--host-process 1` runs the host (runtime and agent) in a process of its own, as a host runs apart from the
+ * control plane, instead of in this one beside the server.
  * `BENCH_TRACE=1` prints, per operation, when the request was answered, when the host's call ran, and each point
  * of contracts/trace.ts on the way (the server's writes, the command leaving, the agent taking it and reporting).
  * The guest is the tests' tiny one (tests/kvm/guest.ts). Needs PostgreSQL, Redis, libvirtd and QEMU.
@@ -19,17 +21,17 @@ import { subscribe } from "node:diagnostics_channel";
 import { mkdirSync, mkdtempSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
-import { startAgent } from "../agent/index.ts";
 import { domainXml } from "../agent/runtimes/libvirt-kvm/domain-xml.ts";
 import { detectDomainType } from "../agent/runtimes/libvirt-kvm/host.ts";
-import { createLibvirtRuntime, makeOverlay, openLibvirt, writeSeedIso } from "../agent/runtimes/libvirt-kvm/index.ts";
+import { makeOverlay, openLibvirt, writeSeedIso } from "../agent/runtimes/libvirt-kvm/index.ts";
 import { TRACE_CHANNEL, type TracePoint } from "../contracts/trace.ts";
 import * as bc from "../sdk/client.ts";
 import { buildGuest } from "../tests/kvm/guest.ts";
-import { guestSaid, loopbackSources, makeBridge, openPath, serveFiles, tinySpec, virsh } from "../tests/kvm/support.ts";
+import { guestSaid, makeBridge, openPath, serveFiles, tinySpec, virsh } from "../tests/kvm/support.ts";
 import { benchApi, benchArgs, exitWhenDone, percentile } from "./lib.ts";
+import { forkHost, local, startHost } from "./libvirt-host.ts";
 
-const args = benchArgs({ runs: 5, warm: 200 });
+const args = benchArgs({ runs: 5, warm: 200, "host-process": 0 });
 const median = (xs: number[]) =>
   percentile(
     [...xs].sort((a, b) => a - b),
@@ -97,7 +99,7 @@ async function bareHost(guest: Awaited<ReturnType<typeof buildGuest>>, bridge: s
   return { once, close: () => hv.connectClose() };
 }
 
-/** The trace points of the operation being timed (server, agent and this bench share one process). */
+/** The trace points of the operation being timed: the server's, and the agent's when the host runs in this process. */
 const points: TracePoint[] = [];
 if (process.env.BENCH_TRACE) subscribe(TRACE_CHANNEL, (p) => points.push(p as TracePoint));
 
@@ -113,28 +115,8 @@ async function platformHost(guest: Awaited<ReturnType<typeof buildGuest>>, bridg
     image: { source: images.url("base.qcow2"), sha256: guest.sha256 },
   });
   const t = api.tenant;
-  const runtime = await createLibvirtRuntime({ stateDir: join(dir, "agent", "libvirt"), boot: guest, shutdownTimeoutMs: 1000, imageSources: loopbackSources });
-  // When each of the host's runtime calls began and ended.
-  const calls: { kind: string; start: number; end: number }[] = [];
-  for (const kind of ["pause", "resume", "create", "start", "list", "capacity"] as const) {
-    const real = (runtime[kind] as (...a: unknown[]) => Promise<unknown>).bind(runtime);
-    (runtime as unknown as Record<string, unknown>)[kind] = async (...a: unknown[]) => {
-      const start = performance.now();
-      try {
-        return await real(...a);
-      } finally {
-        calls.push({ kind, start, end: performance.now() });
-      }
-    };
-  }
-  const agent = await startAgent({
-    server: api.url,
-    joinToken: await api.joinToken(),
-    name: "bench-host",
-    stateDir: join(dir, "agent"),
-    runtime,
-    heartbeatMs: 2000,
-  });
+  const start = { server: api.url, joinToken: await api.joinToken(), stateDir: join(dir, "agent"), guest };
+  const host = args["host-process"] ? await forkHost(start) : await startHost(start);
   await api.hostsReported(1);
 
   // One live stream for the whole run, open before the first round, as a client that watches its instances
@@ -158,9 +140,9 @@ async function platformHost(guest: Awaited<ReturnType<typeof buildGuest>>, bridg
    */
   async function atRest() {
     for (const end = Date.now() + 60_000; ; ) {
-      await agent.idle();
+      await host.idle();
       const [node] = await api.platform.read((sql) =>
-        sql.query<{ caught: boolean }>(`SELECT reported_generation >= spec_generation AS caught FROM nodes WHERE id = $1`, [agent.nodeId]),
+        sql.query<{ caught: boolean }>(`SELECT reported_generation >= spec_generation AS caught FROM nodes WHERE id = $1`, [host.nodeId]),
       );
       if (node?.caught) return;
       if (Date.now() > end) throw new Error("the host did not catch up with its spec within 60 s");
@@ -171,8 +153,8 @@ async function platformHost(guest: Awaited<ReturnType<typeof buildGuest>>, bridg
   /** From rest, act, then wait for the acted-on instance's event into `state` on the pool's live stream: the time it took. */
   async function timed(state: string, act: () => Promise<string>): Promise<number> {
     await atRest();
+    if (process.env.BENCH_TRACE) await host.take();
     const t0 = performance.now();
-    calls.length = 0;
     points.length = 0;
     // Only what comes after t0 can answer: the stream's earlier events would only lengthen the scan each event
     // wakes below, which runs in the platform's process (thousands of them after the warm-up's cycles).
@@ -184,10 +166,17 @@ async function platformHost(guest: Awaited<ReturnType<typeof buildGuest>>, bridg
     for (;;) {
       const hit = seen.find((x) => x.id === id && x.state === state && x.at >= t0);
       if (hit) {
-        const host = calls.filter((c) => c.start < hit.at).map((c) => `${c.kind} ${ms(c.start - t0)}–${ms(c.end - t0)}`);
         if (process.env.BENCH_TRACE) {
-          const path = points.filter((p) => p.at < hit.at).map((p) => `${p.point} ${p.detail.split(" ")[0]} ${(p.at - t0).toFixed(1)}`);
-          console.log(`${state}: answered ${ms(answered - t0)}; host: ${host.join(", ")}; event ${ms(hit.at - t0)}\n  ${path.join(" | ")}`);
+          const taken = await host.take();
+          const calls = taken.calls
+            .map((c) => ({ ...c, start: local(c.start), end: local(c.end) }))
+            .filter((c) => c.start < hit.at)
+            .map((c) => `${c.kind} ${ms(c.start - t0)}–${ms(c.end - t0)}`);
+          const path = [...points, ...taken.points.map((p) => ({ ...p, at: local(p.at) }))]
+            .filter((p) => p.at >= t0 && p.at < hit.at)
+            .sort((a, b) => a.at - b.at)
+            .map((p) => `${p.point} ${p.detail.split(" ")[0]} ${(p.at - t0).toFixed(1)}`);
+          console.log(`${state}: answered ${ms(answered - t0)}; host: ${calls.join(", ")}; event ${ms(hit.at - t0)}\n  ${path.join(" | ")}`);
         }
         return hit.at - t0;
       }
@@ -210,7 +199,7 @@ async function platformHost(guest: Awaited<ReturnType<typeof buildGuest>>, bridg
       id = (await t.request(bc.CreateInstanceDocument, { input: { poolId: api.poolId, flavor: "tiny", imageId: api.imageId } })).createInstance.id;
       return id;
     });
-    await booted(runtime.consolePath(id));
+    await booted(await host.consolePath(id));
     const first = { pause: 0, resume: 0 };
     for (let i = 0; i < cycles; i++) {
       const pause = await timed("PAUSED", async () => (await t.request(bc.PauseInstanceDocument, { id })).pauseInstance.id);
@@ -227,7 +216,7 @@ async function platformHost(guest: Awaited<ReturnType<typeof buildGuest>>, bridg
       id = (await t.request(bc.CreateInstanceDocument, { input: { poolId: api.poolId, flavor: "tiny", imageId: api.imageId } })).createInstance.id;
       return id;
     });
-    await booted(runtime.consolePath(id));
+    await booted(await host.consolePath(id));
     const pause = await timed("PAUSED", async () => (await t.request(bc.PauseInstanceDocument, { id })).pauseInstance.id);
     const resume = await timed("RUNNING", async () => (await t.request(bc.StartInstanceDocument, { id })).startInstance.id);
     const hot = { pause: [] as number[], resume: [] as number[] };
@@ -241,8 +230,7 @@ async function platformHost(guest: Awaited<ReturnType<typeof buildGuest>>, bridg
   async function closeAll() {
     stop.abort();
     await reading;
-    await agent.close();
-    await runtime.close();
+    await host.close();
     await api.close();
     await images.close();
   }
