@@ -244,8 +244,8 @@ async function checkout(pool: pg.Pool): Promise<{ client: pg.PoolClient; release
 }
 
 /**
- * What BEGIN says in a transaction's first message (pgTransaction, below): the transaction runs its prepared
- * statements on their generic plans. Left to choose, PostgreSQL kept planning the power writes and the host's
+ * What BEGIN says, in a transaction's first message or apart (pgTransaction, below): the transaction runs its
+ * prepared statements on their generic plans. Left to choose, PostgreSQL kept planning the power writes and the host's
  * heartbeat afresh at every execution (a custom plan no cheaper to run than the generic one: pg_stat_statements
  * under bench/libvirt, 0.4–1.0 ms of planning against 0.15–0.35 of execution), on the path a caller waits on.
  * Every statement of a write is keyed by the ids it changes, so its plan does not depend on the values;
@@ -293,7 +293,7 @@ async function pgTransaction<T>(pool: pg.Pool, fn: (sql: Sql) => Promise<T>, opt
     if (!begun) {
       begun = true;
       open = true;
-      await client.query("BEGIN");
+      await client.query(BEGIN);
     }
     return client.query(prepared(text, params));
   };
@@ -308,7 +308,7 @@ async function pgTransaction<T>(pool: pg.Pool, fn: (sql: Sql) => Promise<T>, opt
     try {
       if (args.some((a) => a === null)) {
         // A parameter a query's text cannot carry: the statements go apart, then COMMIT.
-        if (begin) await client.query("BEGIN");
+        if (begin) await client.query(BEGIN);
         const rows: unknown[][] = [];
         for (const st of statements) rows.push((await client.query(prepared(st.text, st.params))).rows);
         await commitApart();

@@ -236,6 +236,22 @@ describe("a write's prepared statements", () => {
     );
     expect(plans).toEqual({ generic: 3, custom: 0 });
   });
+
+  it("do so too where a parameter has no literal and BEGIN goes apart", async () => {
+    const marker = `generic-apart-${Date.now()}`;
+    // An object has no literal EXECUTE can take: the statement goes as node-postgres sends it, after BEGIN.
+    const text = `INSERT INTO cw (t, doc) VALUES ($1, $2::jsonb) RETURNING id /* ${marker} */`;
+    await db.transaction((sql) => sql.query(text, [marker, { n: 1 }]));
+    await db.transaction((sql) => commitWith(sql)(text, [marker, { n: 2 }]));
+    await db.transaction((sql) => commitWith(sql)(text, [marker, { n: 3 }]));
+    const [plans] = await db.read((sql) =>
+      sql.query<{ generic: number; custom: number }>(
+        `SELECT generic_plans::int AS generic, custom_plans::int AS custom FROM pg_prepared_statements WHERE statement LIKE $1`,
+        [`INSERT INTO cw (t, doc)%${marker} */`],
+      ),
+    );
+    expect(plans).toEqual({ generic: 3, custom: 0 });
+  });
 });
 
 describe("Sql.batch", () => {
