@@ -119,7 +119,8 @@ async function serve() {
     if (m.idle) return host.idle();
     if (typeof m.console === "string") return host.consolePath(m.console);
     if (m.take) return { calls: (await host.take()).calls, points: points.splice(0) };
-    return host.close();
+    if (m.close) return host.close();
+    throw new Error(`no such request: ${JSON.stringify(m)}`);
   };
   process.on("message", (m: Record<string, unknown> & { seq: number }) => {
     answer(m).then(
