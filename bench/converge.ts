@@ -7,7 +7,7 @@ import { Redis } from "ioredis";
 import { startAgent } from "../agent/index.ts";
 import { createFakeRuntime } from "../agent/runtimes/fake/index.ts";
 import * as bc from "../sdk/client.ts";
-import { benchApi, inParallel, percentile } from "./lib.ts";
+import { benchApi, inParallel, percentile, probeWrite } from "./lib.ts";
 
 const { values } = parseArgs({
   options: {
@@ -177,7 +177,8 @@ async function latency(n: number) {
 
 /**
  * The machine's own cost of a quiet spell: one round trip to PostgreSQL (`SELECT 1` through the platform's
- * pool) and one to Redis (`PING`), each timed right after another and after `quiet` ms of nothing, medians of 9.
+ * pool), one write and its COMMIT (probeWrite) and one round trip to Redis (`PING`), each timed right after
+ * another and after `quiet` ms of nothing, medians of 9.
  */
 async function oneHop(platform: Awaited<ReturnType<typeof benchApi>>["platform"]) {
   const redis = new Redis(platform.config.redisUrl as string);
@@ -195,10 +196,13 @@ async function oneHop(platform: Awaited<ReturnType<typeof benchApi>>["platform"]
     );
   };
   const pgCall = () => platform.read((sql) => sql.query("SELECT 1"));
+  const pgWrite = await probeWrite(platform);
   const redisCall = () => redis.ping();
   const r = {
     pgHot: await timed(pgCall, 0),
     pgQuiet: await timed(pgCall, quiet),
+    writeHot: await timed(pgWrite, 0),
+    writeQuiet: await timed(pgWrite, quiet),
     redisHot: await timed(redisCall, 0),
     redisQuiet: await timed(redisCall, quiet),
   };
@@ -217,7 +221,7 @@ if (values.latency) {
     `pause → PAUSED: p50 ${r.pause.p50.toFixed(1)} ms, p99 ${r.pause.p99.toFixed(1)} ms; resume → RUNNING: p50 ${r.resume.p50.toFixed(1)} ms, p99 ${r.resume.p99.toFixed(1)} ms (the fake runtime's calls take ~0 ms)`,
     ...(r.hops
       ? [
-          `one round trip right after another / after ${quiet} ms of quiet (the machine's own): PostgreSQL SELECT 1 ${r.hops.pgHot.toFixed(2)} / ${r.hops.pgQuiet.toFixed(2)} ms, Redis PING ${r.hops.redisHot.toFixed(2)} / ${r.hops.redisQuiet.toFixed(2)} ms`,
+          `one round trip right after another / after ${quiet} ms of quiet (the machine's own): PostgreSQL SELECT 1 ${r.hops.pgHot.toFixed(2)} / ${r.hops.pgQuiet.toFixed(2)} ms, a one-row write and its COMMIT ${r.hops.writeHot.toFixed(2)} / ${r.hops.writeQuiet.toFixed(2)} ms, Redis PING ${r.hops.redisHot.toFixed(2)} / ${r.hops.redisQuiet.toFixed(2)} ms`,
         ]
       : []),
     "median time since the previous event, by transition:",

@@ -376,3 +376,18 @@ export async function inParallel(n: number, width: number, task: (i: number) => 
     }),
   );
 }
+
+/**
+ * The machine's own cost of a write as the platform's writes end: a one-row UPDATE and its COMMIT in one message,
+ * through the platform's pool, on a table of the bench's own in the bench's own database (dropped with it). A
+ * pause through the platform makes two writes (its request, the host's answer); this is what each costs before
+ * any of the platform's own work, and the COMMIT waits for the WAL flush as theirs do.
+ */
+export async function probeWrite(platform: Platform): Promise<() => Promise<unknown>> {
+  await platform.db.session(async (sql) => {
+    await sql.query("CREATE TABLE IF NOT EXISTS bench_probe (id int PRIMARY KEY, n int NOT NULL)");
+    await sql.query("INSERT INTO bench_probe VALUES (1, 0) ON CONFLICT DO NOTHING");
+  });
+  const text = "UPDATE bench_probe SET n = n + 1 WHERE id = $1";
+  return () => platform.db.transaction((sql) => (sql.commitWith ? sql.commitWith(text, [1]) : sql.query(text, [1])));
+}

@@ -8,7 +8,9 @@
  *     seed, define and start of the same domain. Goal: ratio of medians <= 1.10, no round above 1.25.
  * (b) pause and resume of a booted guest through the platform (pauseInstance / startInstance → PAUSED /
  *     RUNNING) against bare suspend / resume calls on the bindings. Goal: the bare call + 15 ms. Then a few
- *     more pairs on each side, back to back.
+ *     more pairs on each side, back to back. For scale, after the timed rounds, the machine's own write and its
+ *     COMMIT on the platform's database (bench/lib.ts probeWrite), timed where the pause is (right after a boot):
+ *     a pause's path holds two such writes, its request's and the host's answer's.
  * Before the timed rounds the platform pauses and resumes one instance `warm` times, as a platform in service has
  * run those paths before; the first of those pairs is printed too, as the cold figure.
  * `--host-process 1` runs the host (runtime and agent) in a process of its own, as a host runs apart from the
@@ -28,7 +30,7 @@ import { TRACE_CHANNEL, type TracePoint } from "../contracts/trace.ts";
 import * as bc from "../sdk/client.ts";
 import { buildGuest } from "../tests/kvm/guest.ts";
 import { guestSaid, makeBridge, openPath, serveFiles, tinySpec, virsh } from "../tests/kvm/support.ts";
-import { benchApi, benchArgs, exitWhenDone, percentile } from "./lib.ts";
+import { benchApi, benchArgs, exitWhenDone, percentile, probeWrite } from "./lib.ts";
 import { forkHost, local, startHost } from "./libvirt-host.ts";
 
 const args = benchArgs({ runs: 5, warm: 200, "host-process": 0 });
@@ -44,6 +46,8 @@ const ms = (x: number) => `${x.toFixed(0)} ms`;
  * costs with no quiet spell before it, on both sides.
  */
 const BACK_TO_BACK = 3;
+/** Rounds after the timed ones that boot a bare guest and time the machine's own write where the pause would be. */
+const PROBES = 3;
 
 /**
  * Until the guest's init has said it is ready on its console: both sides pause and resume a booted guest. Under
@@ -58,11 +62,15 @@ async function booted(consolePath: string) {
   }
 }
 
-/** One round of the same work done bare through the bindings: overlay, seed, define + start, suspend, resume. */
+/**
+ * One round of the same work done bare through the bindings: overlay, seed, define + start, suspend, resume.
+ * With `probe` (the machine's own write and COMMIT on the platform's database, bench/lib.ts probeWrite), the round
+ * times that instead of the suspend, at the same moment (right after the boot), then once more right after it.
+ */
 async function bareHost(guest: Awaited<ReturnType<typeof buildGuest>>, bridge: string, dir: string) {
   const hv = await openLibvirt();
   let n = 0;
-  async function once() {
+  async function once(probe?: () => Promise<unknown>) {
     const i = n++;
     const id = `inst_benchbare${"abcdefghijklmnopqrstuvwxyz"[i % 26]}`;
     const d = join(dir, id);
@@ -78,6 +86,16 @@ async function bareHost(guest: Awaited<ReturnType<typeof buildGuest>>, bridge: s
     const t2 = performance.now();
     await booted(paths.console);
     const t2b = performance.now();
+    if (probe) {
+      await probe();
+      const w1 = performance.now();
+      await probe();
+      const write = { quiet: w1 - t2b, hot: performance.now() - w1 };
+      await hv.domainDestroy(dom);
+      await hv.domainUndefine(dom);
+      rmSync(d, { recursive: true, force: true });
+      return { create: t2 - t0, defineStart: t2 - t1, pause: 0, resume: 0, pauseHot: 0, resumeHot: 0, write };
+    }
     await hv.domainSuspend(dom);
     const t3 = performance.now();
     await hv.domainResume(dom);
@@ -94,7 +112,7 @@ async function bareHost(guest: Awaited<ReturnType<typeof buildGuest>>, bridge: s
     await hv.domainDestroy(dom);
     await hv.domainUndefine(dom);
     rmSync(d, { recursive: true, force: true });
-    return { create: t2 - t0, defineStart: t2 - t1, pause: t3 - t2b, resume: t4 - t3, pauseHot: median(hot.pause), resumeHot: median(hot.resume) };
+    return { create: t2 - t0, defineStart: t2 - t1, pause: t3 - t2b, resume: t4 - t3, pauseHot: median(hot.pause), resumeHot: median(hot.resume), write: null };
   }
   return { once, close: () => hv.connectClose() };
 }
@@ -234,7 +252,7 @@ async function platformHost(guest: Awaited<ReturnType<typeof buildGuest>>, bridg
     await api.close();
     await images.close();
   }
-  return { once, warm, close: closeAll };
+  return { once, warm, close: closeAll, probe: await probeWrite(api.platform) };
 }
 
 async function run_() {
@@ -258,6 +276,8 @@ async function run_() {
       b.push(await bareRuns.once());
       p.push(await platform.once());
     }
+    const writes: { quiet: number; hot: number }[] = [];
+    for (let i = 0; i < PROBES; i++) writes.push((await bareRuns.once(platform.probe)).write as (typeof writes)[number]);
     await bareRuns.close();
     await platform.close();
     const of = <T>(xs: T[], k: keyof T) => median(xs.map((x) => x[k] as number));
@@ -272,6 +292,10 @@ async function run_() {
     const over = (k: "pause" | "resume" | "pauseHot" | "resumeHot") => `bare ${ms(of(b, k))}, platform ${ms(of(p, k))} (+${ms(of(p, k) - of(b, k))})`;
     console.log(`pause:  ${over("pause")}; resume: ${over("resume")} (medians; goal: + 15 ms at most)`);
     console.log(`  ${BACK_TO_BACK} more pairs per round, each call right after the last: pause ${over("pauseHot")}; resume ${over("resumeHot")}`);
+    console.log(
+      `  the machine's own write and its COMMIT (a pause's path holds two), right after a boot as the timed pause is / ` +
+        `right after another: ${of(writes, "quiet").toFixed(1)} / ${of(writes, "hot").toFixed(1)} ms (medians of ${PROBES})`,
+    );
     console.log(
       `  the platform's first pause and resume, before ${args.warm} untimed ones warmed its code: ` +
         `pause +${ms(cold.pause - of(b, "pause"))}, resume +${ms(cold.resume - of(b, "resume"))}`,
