@@ -326,6 +326,11 @@ describe("egress policy with nftables in network namespaces", () => {
         [TAP[2]!, ALL],
       ]),
     );
+    // g3's kernel is still asking for the gateway's address (INCOMPLETE: unanswered while g3 was unclassified),
+    // a second apart, three times; a probe that starts near the last of those waits on that entry, and when it fails
+    // the kernel drops what waited with it (seen once in CI: every probe of g3 past the bridge failed, its peers'
+    // passed). That is the guest's timer, not the ruleset: its neighbour cache starts afresh, as it would by itself.
+    await ipn(NS.g[2]!, "neigh", "flush", "all");
     const reached = await reachedFrom([0, 1, 2]);
     expect(reached).toEqual({ g1: everything(0), g2: ALLOW_REACHES, g3: everything(2) });
     holds.g1out9000 = await start(NS.g[0]!, "hold", { host: "10.99.0.2", port: 9000, timeoutMs: TIMEOUT_MS }, "open");
