@@ -63,14 +63,15 @@ async function booted(consolePath: string) {
 }
 
 /**
- * One round of the same work done bare through the bindings: overlay, seed, define + start, suspend, resume.
- * With `probe` (the machine's own write and COMMIT on the platform's database, bench/lib.ts probeWrite), the round
- * times that instead of the suspend, at the same moment (right after the boot), then once more right after it.
+ * Rounds of the same work done bare through the bindings. `once`: overlay, seed, define + start, suspend, resume.
+ * `probeAfterBoot`: the same boot, then `probe` (the machine's own write and COMMIT on the platform's database,
+ * bench/lib.ts probeWrite) timed where the suspend would be, right after the boot, and once more right after it.
  */
 async function bareHost(guest: Awaited<ReturnType<typeof buildGuest>>, bridge: string, dir: string) {
   const hv = await openLibvirt();
   let n = 0;
-  async function once(probe?: () => Promise<unknown>) {
+  /** Create and boot a domain, run `work` on it once booted, then remove it: the create's times and what `work` returned. */
+  async function booting<R>(work: (dom: Awaited<ReturnType<typeof hv.domainDefineXML>>) => Promise<R>) {
     const i = n++;
     const id = `inst_benchbare${"abcdefghijklmnopqrstuvwxyz"[i % 26]}`;
     const d = join(dir, id);
@@ -85,36 +86,39 @@ async function bareHost(guest: Awaited<ReturnType<typeof buildGuest>>, bridge: s
     await hv.domainCreate(dom);
     const t2 = performance.now();
     await booted(paths.console);
-    const t2b = performance.now();
-    if (probe) {
-      await probe();
-      const w1 = performance.now();
-      await probe();
-      const write = { quiet: w1 - t2b, hot: performance.now() - w1 };
-      await hv.domainDestroy(dom);
-      await hv.domainUndefine(dom);
-      rmSync(d, { recursive: true, force: true });
-      return { create: t2 - t0, defineStart: t2 - t1, pause: 0, resume: 0, pauseHot: 0, resumeHot: 0, write };
-    }
-    await hv.domainSuspend(dom);
-    const t3 = performance.now();
-    await hv.domainResume(dom);
-    const t4 = performance.now();
-    const hot = { pause: [] as number[], resume: [] as number[] };
-    for (let k = 0; k < BACK_TO_BACK; k++) {
-      const h0 = performance.now();
-      await hv.domainSuspend(dom);
-      const h1 = performance.now();
-      await hv.domainResume(dom);
-      hot.pause.push(h1 - h0);
-      hot.resume.push(performance.now() - h1);
-    }
+    const done = await work(dom);
     await hv.domainDestroy(dom);
     await hv.domainUndefine(dom);
     rmSync(d, { recursive: true, force: true });
-    return { create: t2 - t0, defineStart: t2 - t1, pause: t3 - t2b, resume: t4 - t3, pauseHot: median(hot.pause), resumeHot: median(hot.resume), write: null };
+    return { create: t2 - t0, defineStart: t2 - t1, ...done };
   }
-  return { once, close: () => hv.connectClose() };
+  const once = () =>
+    booting(async (dom) => {
+      const t2b = performance.now();
+      await hv.domainSuspend(dom);
+      const t3 = performance.now();
+      await hv.domainResume(dom);
+      const t4 = performance.now();
+      const hot = { pause: [] as number[], resume: [] as number[] };
+      for (let k = 0; k < BACK_TO_BACK; k++) {
+        const h0 = performance.now();
+        await hv.domainSuspend(dom);
+        const h1 = performance.now();
+        await hv.domainResume(dom);
+        hot.pause.push(h1 - h0);
+        hot.resume.push(performance.now() - h1);
+      }
+      return { pause: t3 - t2b, resume: t4 - t3, pauseHot: median(hot.pause), resumeHot: median(hot.resume) };
+    });
+  const probeAfterBoot = (probe: () => Promise<unknown>) =>
+    booting(async () => {
+      const w0 = performance.now();
+      await probe();
+      const w1 = performance.now();
+      await probe();
+      return { quiet: w1 - w0, hot: performance.now() - w1 };
+    });
+  return { once, probeAfterBoot, close: () => hv.connectClose() };
 }
 
 /** The trace points of the operation being timed: the server's, and the agent's when the host runs in this process. */
@@ -276,8 +280,8 @@ async function run_() {
       b.push(await bareRuns.once());
       p.push(await platform.once());
     }
-    const writes: { quiet: number; hot: number }[] = [];
-    for (let i = 0; i < PROBES; i++) writes.push((await bareRuns.once(platform.probe)).write as (typeof writes)[number]);
+    const writes: Awaited<ReturnType<typeof bareRuns.probeAfterBoot>>[] = [];
+    for (let i = 0; i < PROBES; i++) writes.push(await bareRuns.probeAfterBoot(platform.probe));
     await bareRuns.close();
     await platform.close();
     const of = <T>(xs: T[], k: keyof T) => median(xs.map((x) => x[k] as number));
