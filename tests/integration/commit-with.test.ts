@@ -216,6 +216,17 @@ describe("a statement new to its connection", () => {
 });
 
 describe("a write's prepared statements", () => {
+  /** How often the prepared statement whose text is LIKE `pattern` ran on each kind of plan (poolSize 1: on its own connection). */
+  const plansOf = async (pattern: string) =>
+    (
+      await db.read((sql) =>
+        sql.query<{ generic: number; custom: number }>(
+          `SELECT generic_plans::int AS generic, custom_plans::int AS custom FROM pg_prepared_statements WHERE statement LIKE $1`,
+          [pattern],
+        ),
+      )
+    )[0];
+
   it("run on their generic plan from the first execution: a write is not planned again each time it runs", async () => {
     const marker = `generic-${Date.now()}`;
     const text = `UPDATE cw SET n = n + 1 WHERE id = $1 AND t = $2 RETURNING n /* ${marker} */`;
@@ -226,15 +237,8 @@ describe("a write's prepared statements", () => {
     await db.transaction((sql) => sql.query(text, [id, marker]));
     await db.transaction((sql) => commitWith(sql)(text, [id, marker]));
     await db.transaction((sql) => commitWith(sql)(text, [id, marker]));
-    // poolSize 1: the read is on the connection the statement was prepared on.
-    const [plans] = await db.read((sql) =>
-      sql.query<{ generic: number; custom: number }>(
-        `SELECT generic_plans::int AS generic, custom_plans::int AS custom FROM pg_prepared_statements WHERE statement LIKE $1`,
-        // A statement's text there is the whole message that prepared it.
-        [`%PREPARE % AS UPDATE cw %${marker} */%`],
-      ),
-    );
-    expect(plans).toEqual({ generic: 3, custom: 0 });
+    // A statement's text there is the whole message that prepared it.
+    expect(await plansOf(`%PREPARE % AS UPDATE cw %${marker} */%`)).toEqual({ generic: 3, custom: 0 });
   });
 
   it("do so too where a parameter has no literal and BEGIN goes apart", async () => {
@@ -244,13 +248,7 @@ describe("a write's prepared statements", () => {
     await db.transaction((sql) => sql.query(text, [marker, { n: 1 }]));
     await db.transaction((sql) => commitWith(sql)(text, [marker, { n: 2 }]));
     await db.transaction((sql) => commitWith(sql)(text, [marker, { n: 3 }]));
-    const [plans] = await db.read((sql) =>
-      sql.query<{ generic: number; custom: number }>(
-        `SELECT generic_plans::int AS generic, custom_plans::int AS custom FROM pg_prepared_statements WHERE statement LIKE $1`,
-        [`INSERT INTO cw (t, doc)%${marker} */`],
-      ),
-    );
-    expect(plans).toEqual({ generic: 3, custom: 0 });
+    expect(await plansOf(`INSERT INTO cw (t, doc)%${marker} */`)).toEqual({ generic: 3, custom: 0 });
   });
 });
 
