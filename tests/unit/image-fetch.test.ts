@@ -1,6 +1,6 @@
 import { execFile } from "node:child_process";
 import { createHash, randomBytes } from "node:crypto";
-import { mkdtempSync, readdirSync, readFileSync, rmSync, writeFileSync } from "node:fs";
+import { mkdirSync, mkdtempSync, readdirSync, readFileSync, rmSync, writeFileSync } from "node:fs";
 import { createServer as createHttpServer, type RequestListener, type Server } from "node:http";
 import { createServer as createHttpsServer } from "node:https";
 import type { AddressInfo } from "node:net";
@@ -174,6 +174,43 @@ describe("image downloads with the operator's loopback allowance", () => {
     await c.get(image, 64 * MiB);
     expect(files()).toEqual([`${sha256(qcow2)}.qcow2`]);
     expect((await refusal(c.get(image, 32 * MiB))).message).toBe("image too large for the flavor's disk");
+  });
+
+  it("asks qemu-img of a cached image once, and again when its file has gone and comes back", async () => {
+    // qemu-img behind a shim on PATH that counts its runs: the answer must come from the real tool each time it is asked.
+    const shim = join(root, "shim");
+    const count = join(root, "qemu-img-runs");
+    mkdirSync(shim, { recursive: true });
+    writeFileSync(count, "");
+    const real = (await run("sh", ["-c", "command -v qemu-img"])).stdout.trim();
+    writeFileSync(join(shim, "qemu-img"), `#!/bin/sh\necho "$1" >> '${count}'\nexec '${real}' "$@"\n`, { mode: 0o755 });
+    const runs = () => (readFileSync(count, "utf8").match(/^info$/gm) ?? []).length;
+    const path = process.env.PATH;
+    process.env.PATH = `${shim}:${path}`;
+    try {
+      const { cache: c } = cache(LOOPBACK);
+      const image = { url: url("/disk.qcow2"), sha256: sha256(qcow2), format: "qcow2" as const };
+      const before = http.connections();
+      const file = await c.get(image, 64 * MiB);
+      expect(runs()).toBe(1);
+      expect(await c.get(image, 64 * MiB)).toBe(file);
+      // What it said still bounds the disk: the next instance with a smaller one is refused, without asking again.
+      expect((await refusal(c.get(image, 32 * MiB))).message).toBe("image too large for the flavor's disk");
+      expect(runs()).toBe(1);
+      // Gone (an operator cleared the cache): fetched, verified and inspected afresh.
+      rmSync(file);
+      expect(await c.get(image, 64 * MiB)).toBe(file);
+      expect(http.connections()).toBe(before + 2);
+      expect(runs()).toBe(2);
+      // A new cache on the same folder (the agent restarted) asks once of the file it finds.
+      const again = new ImageCache(join(file, ".."), LOOPBACK);
+      expect(await again.get(image, 64 * MiB)).toBe(file);
+      expect(await again.get(image, 64 * MiB)).toBe(file);
+      expect(runs()).toBe(3);
+      expect(http.connections()).toBe(before + 2);
+    } finally {
+      process.env.PATH = path;
+    }
   });
 
   it("says a digest mismatch without saying what the source answered", async () => {
