@@ -58,7 +58,7 @@ export async function startHost(s: HostStart): Promise<BenchHost> {
         }
       };
     }
-  const agent = await startAgent({ server: s.server, joinToken: s.joinToken, name: "bench-host", stateDir: s.stateDir, runtime, heartbeatMs: 2000 });
+  const agent = await startAgent({ server: s.server, joinToken: s.joinToken, name: "bench-host", stateDir: s.stateDir, runtime });
   return {
     nodeId: agent.nodeId,
     idle: () => agent.idle(),
