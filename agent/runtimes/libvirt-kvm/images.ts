@@ -57,8 +57,8 @@ export class ImageCache {
   private readonly inflight = new Map<string, Promise<string>>();
   /**
    * What qemu-img said of each cached file, by path. A file is named by its digest and never rewritten, so the
-   * answer holds for as long as the file is there: asking again spawned qemu-img on every create (about a
-   * tenth of the platform's time in a create on a small guest, bench/libvirt).
+   * answer holds for as long as the file is there: asking again spawned qemu-img on every create (5–12 ms on
+   * a 2-core test machine, a sixth or so of the platform's own time in a create there; bench/libvirt).
    */
   private readonly inspected = new Map<string, QemuImgInfo>();
   private readonly guard: Destinations;
