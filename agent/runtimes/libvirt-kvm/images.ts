@@ -89,7 +89,7 @@ export class ImageCache {
     const path = join(this.dir, `${image.sha256}.${image.format}`);
     // A cached copy was verified when it was fetched; an instance with a smaller disk may still not take it.
     const cached = await stat(path).catch(() => null);
-    if (!cached) this.inspected.delete(path);
+    // A file fetched again has the same digest, so the same answer: the entry is replaced, never stale.
     const info = cached ? (this.inspected.get(path) ?? (await inspect(path, image.format))) : await this.download(image, path, maxBytes);
     this.inspected.set(path, info);
     const size = (
