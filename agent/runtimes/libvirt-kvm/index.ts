@@ -167,9 +167,13 @@ class LibvirtRuntime implements Runtime, LibvirtRuntimeExtras {
     await mkdir(dir, { recursive: true });
     await chmod(dir, PASS_THROUGH_DIR);
     const paths = { overlay: this.overlayPath(spec.id), seed: join(dir, "seed.iso"), console: this.consolePath(spec.id) };
-    if (!existsSync(paths.overlay)) await makeOverlay(base, spec.image.format, paths.overlay, spec.diskGib);
-    await writeSeedIso(spec, paths.seed);
-    await keepEnv(dir, spec.env);
+    // Three files that need nothing of each other, each a process or a write: made side by side. The domain is
+    // defined only once all three are there (a defined domain is what a retry takes for a finished create).
+    await Promise.all([
+      existsSync(paths.overlay) ? null : makeOverlay(base, spec.image.format, paths.overlay, spec.diskGib),
+      writeSeedIso(spec, paths.seed),
+      keepEnv(dir, spec.env),
+    ]);
     const xml = domainXml(spec, { type: this.domainType, owner: this.owner, paths, boot: this.o.boot });
     await this.libvirt(() => this.hv.domainDefineXML(xml));
     this.owned.set(spec.id, true);
