@@ -6,7 +6,7 @@
  * The Hetzner Cloud emulator takes `action-ms` per action (a create is two: build, then boot). The floor is what
  * the plugin's client alone needs: create, then `get` every 10 ms until running. The platform's figure is from
  * `createInstance` to the instance reading RUNNING through the API (read every 25 ms; the bench lifts the API rate limit), with the product's default polling
- * (first look after 1 s, doubling to 30 s) — `instances` at once, on the embedded database or, with --pg 1,
+ * (first look after 1 s, then a third of the time waited, up to 30 s) — `instances` at once, on the embedded database or, with --pg 1,
  * PostgreSQL and Redis. Printed as p50 and max, and their ratios to the floor (goal: p50 within 1.5x).
  */
 import { randomBytes } from "node:crypto";

@@ -9,8 +9,19 @@ import { blocked, clearedProviderErrors, PROVIDER_ERROR, plan } from "./plan.ts"
 /** Looks and calls per run: enough to walk pending → running when the provider is quick, bounded otherwise. */
 const MAX_STEPS = 12;
 
-/** Consecutive waits per instance in this worker, for the backoff; reset by any change. */
-const waits = new Map<string, number>();
+/** Per instance in this worker: when its current stretch of waiting began (the next look's clock); reset by any change. */
+const waitingSince = new Map<string, number>();
+
+/**
+ * How long to wait before the next look at a busy machine, once `waitedMs` have gone by since it last changed: a
+ * third of that, between the configured shortest and longest wait. A machine that becomes ready is seen within
+ * a third of the time it took (plus the shortest wait), where waits doubling from the shortest could add as much
+ * again as it took (ready at 4.05 s, seen at 7 s); the looks still grow geometrically, about a dozen over a
+ * minute's wait from a one-second start, against six when doubling.
+ */
+export function lookAfter(waitedMs: number, poll: { minMs: number; maxMs: number }): number {
+  return Math.min(poll.maxMs, Math.max(poll.minMs, Math.round(waitedMs / 3)));
+}
 
 /**
  * One run of the provider reconciler for one instance (docs/architecture.md, "Providers"), outside any
@@ -77,7 +88,7 @@ export async function syncProviderInstance(io: SyncIo, instanceId: string): Prom
       }
       return later(io, instanceId, session);
     }
-    waits.delete(instanceId);
+    waitingSince.delete(instanceId);
     const next =
       step.kind === "deleted"
         ? await io.write({ actor: "reconciler" }, async (w) => {
@@ -96,15 +107,18 @@ export async function syncProviderInstance(io: SyncIo, instanceId: string): Prom
 type Change = { set: Parameters<typeof writeChange>[2]; reason: string; last?: boolean };
 
 /**
- * A guarded change: `decide` sees the row under its lock and says what to write, or null to write nothing. A
- * `last` change settles the instance: its event wakes no run, since the run writing it ends there.
+ * A guarded change: `decide` sees the row under its lock and says what to write, or null to write nothing. The
+ * change settles the instance, so its event wakes no other run: the run writing it goes on from it (or, after
+ * a `last` one, ends there). A second run woken by it looked at the machine again at once, one provider call
+ * for nothing, and its wait took the next step of the backoff before the first look was due. A run that dies
+ * after the commit is taken again as a stalled job; the sweep catches the rest.
  */
 async function change(io: SyncIo, id: string, decide: (cur: Instance) => Change | null): Promise<Instance | null> {
   return io.write({ actor: "reconciler" }, async (w) => {
     const cur = await lockInstance(w, null, id);
     const c = decide(cur);
     if (!c) return null;
-    if (c.last) w.settle(id);
+    w.settle(id);
     return writeChange(w, cur, c.set, c.reason);
   });
 }
@@ -150,16 +164,16 @@ export async function createRequest(io: Pick<SyncIo, "sealer">, inst: Instance) 
 }
 
 function done(instanceId: string): null {
-  waits.delete(instanceId);
+  waitingSince.delete(instanceId);
   return null;
 }
 
-/** The next look: backoff from pollMinMs doubling to pollMaxMs, never sooner than the provider's rate limit. */
+/** The next look (lookAfter), never sooner than the provider's rate limit or what a refusal asked for. */
 function later(io: SyncIo, instanceId: string, session?: ProviderSession, atLeast = 0): number {
-  const n = waits.get(instanceId) ?? 0;
-  waits.set(instanceId, n + 1);
-  const backoff = Math.min(io.poll.maxMs, io.poll.minMs * 2 ** Math.min(n, 16));
-  return Math.max(backoff, atLeast, session?.pace() ?? 0);
+  const now = Date.now();
+  const since = waitingSince.get(instanceId) ?? now;
+  waitingSince.set(instanceId, since);
+  return Math.max(lookAfter(now - since, io.poll), atLeast, session?.pace() ?? 0);
 }
 
 /**
