@@ -96,7 +96,7 @@ export async function syncProviderInstance(io: SyncIo, instanceId: string): Prom
             if (cur.version !== inst.version) return null;
             return markDeleted(w, cur, "deleted", {});
           })
-        : await change(io, instanceId, (cur) => (cur.version === inst.version ? { set: step.set, reason: step.reason, last: step.last } : null));
+        : await change(io, instanceId, (cur) => (cur.version === inst.version ? { set: step.set, reason: step.reason } : null));
     if (!next) return 0; // someone changed it meanwhile: look again at once
     inst = next;
     if (inst.state === "deleted" || (step.kind === "change" && step.last)) return done(instanceId);
@@ -104,14 +104,14 @@ export async function syncProviderInstance(io: SyncIo, instanceId: string): Prom
   return later(io, instanceId, session);
 }
 
-type Change = { set: Parameters<typeof writeChange>[2]; reason: string; last?: boolean };
+type Change = { set: Parameters<typeof writeChange>[2]; reason: string };
 
 /**
  * A guarded change: `decide` sees the row under its lock and says what to write, or null to write nothing. The
- * change settles the instance, so its event wakes no other run: the run writing it goes on from it (or, after
- * a `last` one, ends there). A second run woken by it looked at the machine again at once, one provider call
- * for nothing, and its wait took the next step of the backoff before the first look was due. A run that dies
- * after the commit is taken again as a stalled job; the sweep catches the rest.
+ * change settles the instance, so its event wakes no other run: the run writing it goes on from it, or ends
+ * there after the plan's last step. A second run woken by it looked at the machine again at once, one provider
+ * call for nothing, and its wait took the next step of the backoff before the first look was due. A run that
+ * dies after the commit is taken again as a stalled job; the sweep catches the rest.
  */
 async function change(io: SyncIo, id: string, decide: (cur: Instance) => Change | null): Promise<Instance | null> {
   return io.write({ actor: "reconciler" }, async (w) => {
