@@ -272,7 +272,7 @@ export class CommandRunner {
 
   /** Run an exec (not under its instance's lock: see the class comment) and deliver its output, then its result. */
   private async runExec(j: CommandJournal, cmd: ExecCommand): Promise<void> {
-    const { instanceId, ...req } = cmd.args;
+    const { instanceId, outputBytes, ...req } = cmd.args;
     this.deliver({ id: cmd.id, state: "running", result: null, error: null });
     // Taken and given back at once: only the wait for a snapshot or restore already holding it matters.
     (await this.o.locks.acquire(instanceId, { quiet: true })).release();
@@ -282,6 +282,7 @@ export class CommandRunner {
       backoff: (failures) => this.backoff(failures, this.leaving.signal),
       stop: this.leaving.signal,
       onRetry: (e) => this.log("exec output not delivered, will retry", { id: cmd.id, err: String(e) }),
+      maxBytes: outputBytes,
     });
     let outcome: Outcome;
     try {

@@ -1,6 +1,12 @@
-import type { InstanceSpec, InstanceStatus, NodeSpec, StatusReport } from "../contracts/host.ts";
+import { type InstanceSpec, type InstanceStatus, type NetworkPolicy, type NodeSpec, type StatusReport, tapFor } from "../contracts/host.ts";
 import { InstanceLocks } from "./locks.ts";
+import { policyRefusal, tapRefusal } from "./network/ruleset.ts";
 import { type DomainStatus, type Runtime, RuntimeError } from "./runtimes/runtime.ts";
+
+/** Enforces sandboxes' egress policies on the host, by tap (agent/network/egress.ts). */
+export interface EgressRules {
+  apply(policies: ReadonlyMap<string, NetworkPolicy>): Promise<void>;
+}
 
 interface Failure {
   error: string;
@@ -13,7 +19,8 @@ interface Failure {
  * the report carries it and the same refusal is not retried until the spec asks again. Acts on an instance
  * only while holding its lock (./locks.ts): one a host command holds is skipped, and reported as pinned. A
  * spec for a runtime this host does not serve is refused whole; reports name the runtimes it serves, so the
- * server shows the refusal.
+ * server shows the refusal. Whatever one instance's spec holds costs that instance alone: a policy the egress
+ * ruleset cannot hold is that instance's refusal, and the rest of the host's rules and pass go on without it.
  */
 export class Converger {
   private readonly failures = new Map<string, Failure>();
@@ -26,6 +33,8 @@ export class Converger {
     private readonly runtime: Runtime,
     private readonly onError: (id: string, e: unknown) => void = () => {},
     private readonly locks: InstanceLocks = new InstanceLocks(),
+    /** Loaded with every pass, so a tap is classified before its guest boots; a tap with no policy is dropped meanwhile. */
+    private readonly egress?: EgressRules,
   ) {}
 
   /**
@@ -55,6 +64,20 @@ export class Converger {
     // Another runtime's pool would get its instances on a hypervisor it does not promise, and lose domains
     // this one does not own to its removals: nothing of such a spec is touched.
     if (!this.serves.includes(spec.runtime)) return { skipped: [], refused: `this host runs ${this.serves.join(", ")}, not ${spec.runtime}` };
+    // A policy the ruleset cannot hold would fail the one ruleset of every instance here: it is left out, its tap
+    // stays unclassified (the backstop drops it), and its instance is refused below. The rules load beside the
+    // pass (an nft run takes tens of milliseconds, a restore waits on the pass): a tap that comes up before its
+    // rules are in is dropped until they are.
+    const refusals = new Map<string, string>();
+    const policies = new Map<string, NetworkPolicy>();
+    for (const inst of spec.instances) {
+      const tap = tapFor(inst.id);
+      const why = tapRefusal(tap) ?? policyRefusal(inst.network);
+      if (why) refusals.set(inst.id, `egress policy refused: ${why}`);
+      else policies.set(tap, inst.network);
+    }
+    const egress = this.egress?.apply(policies);
+    egress?.catch(() => {});
     const skipped: string[] = [];
     let seen = this.locks.releases;
     let have = new Map((await this.runtime.list()).map((d) => [d.id, d]));
@@ -82,7 +105,14 @@ export class Converger {
         continue;
       }
       try {
-        await this.one(inst, (await current()).get(inst.id));
+        const d = (await current()).get(inst.id);
+        const refused = refusals.get(inst.id);
+        if (refused) {
+          // Not made nor run while its traffic cannot be policed; stopping one the host has is safe and asked for.
+          if (d && inst.power === "stopped") await this.one(inst, d);
+          throw new RuntimeError(refused, false);
+        }
+        await this.one(inst, d);
         this.failures.delete(inst.id);
       } catch (e) {
         this.onError(inst.id, e);
@@ -108,6 +138,8 @@ export class Converger {
         lease.release();
       }
     }
+    // The host's own egress failure (no nft, a kernel refusing the ruleset) is no one instance's: it fails the pass.
+    await egress;
     return { skipped };
   }
 

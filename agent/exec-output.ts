@@ -16,6 +16,8 @@ export interface ExecOutputOptions {
   batchChunks?: number;
   /** Characters held while the server does not take them fast enough; beyond, output is dropped (default 8 Mi). */
   maxPendingChars?: number;
+  /** UTF-8 bytes of output sent at most (the server keeps no more): the rest is dropped, with a note on stderr. */
+  maxBytes?: number;
 }
 
 interface Piece {
@@ -29,6 +31,7 @@ interface Piece {
  * `batchChars`), numbered in order from seq 0, and each batch is retried until the server has it before the
  * next is sent, so chunks are never reordered and a batch, once numbered, goes again exactly as it was. What
  * is held is bounded: output beyond `maxPendingChars` is dropped and a note on stderr says how much, where.
+ * What is sent is bounded too: past `maxBytes` the server would drop it, so it is not sent.
  */
 export class ExecOutput {
   private readonly flushMs: number;
@@ -40,6 +43,8 @@ export class ExecOutput {
   private head = 0;
   private pendingChars = 0;
   private dropped = 0;
+  /** UTF-8 bytes taken towards `maxBytes`; null once the cap was reached and nothing more is taken. */
+  private sentBytes: number | null = 0;
   private seq = 0;
   private ended = false;
   private wake: () => void = () => {};
@@ -57,13 +62,23 @@ export class ExecOutput {
   }
 
   push(stream: ExecChunk["stream"], data: string): void {
-    if (this.ended || this.o.stop.aborted || data.length === 0) return;
-    if (this.pendingChars + data.length > this.maxPendingChars) {
-      this.dropped += data.length;
-      return;
+    if (this.ended || this.o.stop.aborted || data.length === 0 || this.sentBytes === null) return;
+    let piece = data;
+    let capped = false;
+    if (this.o.maxBytes !== undefined) {
+      const bytes = Buffer.byteLength(data);
+      capped = this.sentBytes + bytes > this.o.maxBytes;
+      if (capped) piece = utf8Prefix(data, this.o.maxBytes - this.sentBytes);
+      this.sentBytes = capped ? null : this.sentBytes + bytes;
     }
+    if (this.pendingChars + piece.length > this.maxPendingChars) this.dropped += piece.length;
+    else if (piece.length > 0) {
+      if (this.dropped > 0) this.noteDropped();
+      this.split(stream, piece);
+    }
+    if (!capped) return;
     if (this.dropped > 0) this.noteDropped();
-    this.split(stream, data);
+    this.split("stderr", `\n[output truncated: an exec sends at most ${this.o.maxBytes} bytes]\n`);
   }
 
   /** No more output: resolves once every chunk is delivered; rejects if stopped first. */
@@ -153,3 +168,14 @@ export class ExecOutput {
 }
 
 const isHighSurrogate = (c: number) => c >= 0xd800 && c <= 0xdbff;
+
+/** The longest prefix of `s` of at most `max` UTF-8 bytes, never between the halves of a character. */
+function utf8Prefix(s: string, max: number): string {
+  let end = 0;
+  for (const ch of s) {
+    max -= Buffer.byteLength(ch);
+    if (max < 0) break;
+    end += ch.length;
+  }
+  return s.slice(0, end);
+}

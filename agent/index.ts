@@ -1,6 +1,6 @@
 import { existsSync, mkdirSync, readFileSync, renameSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
-import { applySpecChange, type NetworkPolicy, type NodeSpec, nodeSpecChange, type StatusReport, tapFor } from "../contracts/host.ts";
+import { applySpecChange, hostSpecChange, type NodeSpec, type StatusReport } from "../contracts/host.ts";
 import {
   createClient,
   createWsClient,
@@ -13,7 +13,7 @@ import {
   SdkError,
 } from "../sdk/client.ts";
 import { CommandRunner } from "./commands.ts";
-import { Converger } from "./converge.ts";
+import { Converger, type EgressRules } from "./converge.ts";
 import { InstanceLocks } from "./locks.ts";
 import type { Runtime } from "./runtimes/runtime.ts";
 
@@ -27,10 +27,10 @@ export interface AgentOptions {
   runtime: Runtime;
   heartbeatMs?: number;
   /**
-   * Enforces sandboxes' egress policies on the host (agent/network/egress.ts), by tap name. Applied before each
-   * converge pass, so a tap is classified before its guest boots; a tap with no policy is dropped meanwhile.
+   * Enforces sandboxes' egress policies on the host (agent/network/egress.ts), by tap name. Applied with each
+   * converge pass (converge.ts), so a tap is classified before its guest boots; a tap with no policy is dropped meanwhile.
    */
-  egress?: { apply(policies: ReadonlyMap<string, NetworkPolicy>): Promise<void> };
+  egress?: EgressRules;
   log?: (msg: string, fields?: Record<string, unknown>) => void;
 }
 
@@ -63,7 +63,7 @@ export async function startAgent(opts: AgentOptions) {
   let ws: Awaited<ReturnType<typeof createWsClient>> | undefined;
   const call: typeof http.request = (doc, ...vars) => (ws?.connected() ? ws.request(doc, ...vars) : http.request(doc, ...vars));
   const locks = new InstanceLocks();
-  const converger = new Converger(opts.runtime, (id, e) => log("runtime refused", { id, err: String(e) }), locks);
+  const converger = new Converger(opts.runtime, (id, e) => log("runtime refused", { id, err: String(e) }), locks, opts.egress);
   const commands = new CommandRunner({
     stateDir: opts.stateDir,
     runtime: opts.runtime,
@@ -142,12 +142,7 @@ export async function startAgent(opts: AgentOptions) {
           // Instances a command held were skipped; the command's release asks for another pass. The
           // generation still counts as applied: every other instance has it, and held ones report as pinned.
           // A spec refused whole (another runtime's pool) is answered too: the report says why.
-          // The egress rules load beside the pass (an nft run takes tens of milliseconds, a restore waits on the
-          // pass): a tap that comes up before its rules are in is dropped by the backstop until they are.
-          const egress = opts.egress?.apply(new Map(spec.instances.map((i) => [tapFor(i.id), i.network])));
-          egress?.catch(() => {});
           const { refused } = await converger.converge(spec);
-          await egress;
           if (refused) log("spec refused", { generation: spec.generation, why: refused });
           converged = spec.generation;
         } catch (e) {
@@ -224,7 +219,8 @@ export async function startAgent(opts: AgentOptions) {
       "spec",
       () => ws.subscribe(NodeSpecChangesDocument),
       (payload) => {
-        const change = nodeSpecChange.parse(payload.nodeSpecChanges.change);
+        // Policies are checked per instance by the converger: one the host cannot enforce must not stop the stream.
+        const change = hostSpecChange.parse(payload.nodeSpecChanges.change);
         // A change that does not follow the spec held throws: the stream starts again, from a whole spec.
         latest = applySpecChange(latest, change);
         kick();

@@ -1,17 +1,23 @@
 /**
- * The expensive-query attack of issue 9, replayed against a whole platform.
+ * The expensive-query attack of issue 9 and the subscription attacks of issue 42, replayed against a whole platform.
  *
  *   npm run bench:abuse -- [--hosts 3] [--victims 24] [--owned 60] [--attackers 4] [--aliases 1000] [--first 500]
- *                          [--allowed-aliases 10] [--allowed-first 50] [--seconds 15] [--pg 0]
+ *                          [--allowed-aliases 10] [--allowed-first 50] [--sockets 2] [--subscriptions 1000]
+ *                          [--execs 200] [--seconds 15] [--pg 0]
  *
  * One process runs what `bc dev` runs: the server, the worker and `hosts` simulated hosts on the embedded
  * database (PGlite, in-memory bus and jobs), or on PostgreSQL and Redis with --pg 1. A victim tenant has
  * `victims` running instances and reads one of them in a loop throughout. An attacker tenant owns `owned`
  * instances and, for `seconds` per phase, keeps `attackers` requests in flight:
  *   1. the attack as it was sent: `aliases` aliased `instances(first: first)` in one request;
- *   2. a flood of a query the default limits accept: `allowed-aliases` aliased `instances(first: allowed-first)`.
- * Prints the victim's latency (quiet, then during each phase), what the attacker's requests got back, and
- * whether any instance went LOST (goal: none, and the victim's p99 at most 100 ms on the embedded database).
+ *   2. a flood of a query the default limits accept: `allowed-aliases` aliased `instances(first: allowed-first)`;
+ *   3. a replay storm: `sockets` websockets, each opening `subscriptions` subscriptions to its tenant's whole history
+ *      (`instanceEvents(after: "0")`), opened again as each one ends or is refused;
+ *   4. an exec storm: `execs` `sandboxExec` subscriptions at once in the attacker's sandbox, each a command that
+ *      prints 64 KiB, started again as each ends.
+ * Prints the victim's latency (quiet, then during each phase), the age of the hosts' last reports (sampled every
+ * 100 ms), what the attacker got back, and whether any instance went LOST (goals: none; the victim's p99 at most
+ * 100 ms and hosts' reports at most 5 s old throughout, on the embedded database and on PostgreSQL).
  */
 import { once } from "node:events";
 import { mkdtempSync, rmSync } from "node:fs";
@@ -32,6 +38,9 @@ const args = benchArgs({
   first: 500,
   "allowed-aliases": 10,
   "allowed-first": 50,
+  sockets: 2,
+  subscriptions: 1000,
+  execs: 200,
   seconds: 15,
   pg: 0,
 });
@@ -61,6 +70,36 @@ Promise.all(Array.from({ length: w.clients }, async () => {
     outcomes.set(outcome, (outcomes.get(outcome) ?? 0) + 1);
   }
 })).then(() => parentPort.postMessage({ outcomes: [...outcomes], durations }));
+`;
+/**
+ * The subscription attacks, from a thread of their own: `sockets` graphql-ws connections holding `each` subscriptions
+ * of `query` each, every one started again as soon as it ends or is refused (after the retry hint, if any).
+ */
+const SUBSCRIBER = `
+const { workerData: w, parentPort } = require("node:worker_threads");
+const { createRequire } = require("node:module");
+const req = createRequire(w.from);
+const { createClient } = req("graphql-ws");
+const { WebSocket } = req("ws");
+const outcomes = new Map();
+let frames = 0;
+const count = (k) => outcomes.set(k, (outcomes.get(k) ?? 0) + 1);
+const end = performance.now() + w.ms;
+const clients = Array.from({ length: w.sockets }, () => createClient({
+  url: w.url, webSocketImpl: WebSocket, connectionParams: { authorization: "Bearer " + w.token }, retryAttempts: 1000,
+  retryWait: () => new Promise((r) => setTimeout(r, 200)), shouldRetry: () => performance.now() < end, lazy: false, onNonLazyError: () => {},
+}));
+const loop = (client) => new Promise((done) => {
+  const again = (wait) => (performance.now() < end ? setTimeout(() => loop(client).then(done), wait) : done());
+  client.subscribe({ query: w.query, variables: w.variables }, {
+    next: (r) => { frames++; if (r.errors) { count(r.errors[0]?.extensions?.code ?? "error"); again(r.errors[0]?.extensions?.retryAfterMs ?? 100); } },
+    error: (e) => { count(Array.isArray(e) ? (e[0]?.extensions?.code ?? "error") : "closed " + (e?.code ?? "")); again(200); },
+    complete: () => { count("completed"); again(0); },
+  });
+});
+for (const c of clients) for (let i = 0; i < w.each; i++) loop(c);
+// Live subscriptions never end by themselves: the phase ends on time, and the parent ends this thread and its sockets.
+setTimeout(() => parentPort.postMessage({ outcomes: [...outcomes], frames }), w.ms);
 `;
 const aliased = (n: number, first: number) =>
   `query Attack { ${Array.from({ length: n }, (_, i) => `a${i}: instances(first: ${first}) { ${FIELDS} }`).join(" ")} }`;
@@ -106,8 +145,12 @@ async function run() {
     );
   const mine = await create(victim, args.victims, "v");
   await create(attacker, args.owned, "a");
+  const { createSandboxTemplate } = await attacker.request(bc.CreateSandboxTemplateDocument, {
+    input: { name: "storm", poolId: api.poolId, flavor: "tiny", imageId: api.imageId, ttlSeconds: 3600 },
+  });
+  const { createSandbox } = await attacker.request(bc.CreateSandboxDocument, { input: { templateId: createSandboxTemplate.id } });
   const count = async (sql: string, params: unknown[] = []) => (await api.platform.read((q) => q.query<{ n: number }>(sql, params)))[0]?.n ?? 0;
-  for (const end = Date.now() + 120_000; (await count(`SELECT count(*)::int AS n FROM instances WHERE state = 'running'`)) < args.victims + args.owned; ) {
+  for (const end = Date.now() + 120_000; (await count(`SELECT count(*)::int AS n FROM instances WHERE state = 'running'`)) < args.victims + args.owned + 1; ) {
     if (Date.now() > end) throw new Error("the instances did not all reach running in 2 minutes");
     await new Promise((r) => setTimeout(r, 100));
   }
@@ -131,14 +174,46 @@ async function run() {
   }
 
   /** The attacker's requests, sent from a thread of their own: a real attacker's client is not on the server's CPU. */
+  /** Each phase attacks with a token of its own: a budget the phases before it did not spend. */
+  const phaseToken = async (name: string) =>
+    (await api.operator.request(bc.CreateApiTokenDocument, { input: { tenantId: createTenant.id, name } })).createApiToken.token;
+
   async function attackLoop(query: string, ms: number) {
     const worker = new Worker(ATTACKER, {
       eval: true,
-      workerData: { url: api.url, token: createApiToken.token, body: JSON.stringify({ query }), clients: args.attackers, ms },
+      workerData: { url: api.url, token: await phaseToken("requests"), body: JSON.stringify({ query }), clients: args.attackers, ms },
     });
     const [reply] = (await once(worker, "message")) as [{ outcomes: [string, number][]; durations: number[] }];
     await worker.terminate();
     return { outcomes: new Map(reply.outcomes), durations: reply.durations.sort((a, b) => a - b) };
+  }
+
+  /** The subscription attacks' thread, for `ms`. */
+  async function subscribeLoop(query: string, variables: Record<string, unknown>, sockets: number, each: number, ms: number) {
+    const worker = new Worker(SUBSCRIBER, {
+      eval: true,
+      workerData: { from: import.meta.url, url: api.url.replace(/^http/, "ws"), token: await phaseToken("subscriptions"), query, variables, sockets, each, ms },
+    });
+    const [reply] = (await once(worker, "message")) as [{ outcomes: [string, number][]; frames: number }];
+    await worker.terminate();
+    return { outcomes: new Map(reply.outcomes), frames: reply.frames };
+  }
+
+  /** The oldest host report's age, every 100 ms until `stop` resolves: the worst seen, in ms. */
+  async function reportAge(stop: Promise<unknown>) {
+    let worst = 0;
+    let done = false;
+    void stop.finally(() => {
+      done = true;
+    });
+    while (!done) {
+      const [row] = await api.platform.read((q) =>
+        q.query<{ ms: number }>(`SELECT coalesce(extract(epoch FROM (now() - min(last_report_at))) * 1000, 0)::float8 AS ms FROM nodes WHERE gone_at IS NULL`),
+      );
+      worst = Math.max(worst, row?.ms ?? 0);
+      await new Promise((r) => setTimeout(r, 100));
+    }
+    return worst;
   }
 
   const fmt = (l: number[]) =>
@@ -146,31 +221,67 @@ async function run() {
   const quiet = await victimLoop(3000);
   console.log(`victim, quiet:                 ${fmt(quiet.latencies)}`);
 
-  const phases = [
-    { name: `attack: ${args.aliases} x instances(first: ${args.first})`, query: aliased(args.aliases, args.first) },
+  type Attack = () => Promise<{ outcomes: Map<string, number>; detail: string }>;
+  const ms = args.seconds * 1000;
+  const requests =
+    (query: string): Attack =>
+    async () => {
+      const a = await attackLoop(query, ms);
+      return { outcomes: a.outcomes, detail: `each took p50 ${percentile(a.durations, 50).toFixed(0)} ms, max ${(a.durations.at(-1) ?? 0).toFixed(0)} ms` };
+    };
+  const subscriptions =
+    (query: string, variables: Record<string, unknown>, sockets: number, each: number): Attack =>
+    async () => {
+      const a = await subscribeLoop(query, variables, sockets, each, ms);
+      return { outcomes: a.outcomes, detail: `${a.frames} frames received` };
+    };
+  const phases: { name: string; attack: Attack }[] = [
+    { name: `attack: ${args.aliases} x instances(first: ${args.first})`, attack: requests(aliased(args.aliases, args.first)) },
     {
       name: `allowed: ${args["allowed-aliases"]} x instances(first: ${args["allowed-first"]})`,
-      query: aliased(args["allowed-aliases"], args["allowed-first"]),
+      attack: requests(aliased(args["allowed-aliases"], args["allowed-first"])),
+    },
+    {
+      name: `replay storm: ${args.sockets} sockets x ${args.subscriptions} instanceEvents(after: "0")`,
+      attack: subscriptions(
+        `subscription { instanceEvents(after: "0") { cursor toState reason version at instance { ${FIELDS.slice(8, -2)} } } }`,
+        {},
+        args.sockets,
+        args.subscriptions,
+      ),
+    },
+    {
+      name: `exec storm: ${args.execs} x sandboxExec (64 KiB of output each)`,
+      attack: subscriptions(
+        `subscription($id: ID!) { sandboxExec(sandboxId: $id, command: ["sh", "-c", "head -c 65536 /dev/zero | tr '\\\\0' x"]) { stream data exitCode } }`,
+        { id: createSandbox.id },
+        1,
+        args.execs,
+      ),
     },
   ];
   let worst = 0;
+  let worstAge = 0;
   let lostTotal = 0;
   for (const phase of phases) {
     const lastEvent = await count(`SELECT coalesce(max(id), 0)::int AS n FROM instance_events`);
-    const [v, a] = await Promise.all([victimLoop(args.seconds * 1000), attackLoop(phase.query, args.seconds * 1000)]);
+    const attack = phase.attack();
+    const [v, a, age] = await Promise.all([victimLoop(ms), attack, reportAge(attack)]);
     // Reports that were held up land after the phase: let the sweep see them before counting.
     await new Promise((r) => setTimeout(r, Number(timing.NODE_LOST_GRACE_MS)));
     const lost = await count(`SELECT count(DISTINCT instance_id)::int AS n FROM instance_events WHERE to_state = 'lost' AND id > $1`, [lastEvent]);
     lostTotal += lost;
     worst = Math.max(worst, percentile(v.latencies, 99));
+    worstAge = Math.max(worstAge, age);
     console.log(`\n${phase.name}, ${args.seconds} s`);
     console.log(`  victim:                      ${fmt(v.latencies)}${v.failures.length ? `; ${v.failures.length} failed (${v.failures[0]})` : ""}`);
-    console.log(
-      `  attacker's requests:         ${[...a.outcomes].map(([k, n]) => `${n} ${k}`).join(", ")}; each took p50 ${percentile(a.durations, 50).toFixed(0)} ms, max ${(a.durations.at(-1) ?? 0).toFixed(0)} ms`,
-    );
+    console.log(`  attacker got:                ${[...a.outcomes].map(([k, n]) => `${n} ${k}`).join(", ") || "nothing"}; ${a.detail}`);
+    console.log(`  oldest host report:          ${(age / 1000).toFixed(1)} s at worst`);
     console.log(`  instances that went LOST:    ${lost}`);
   }
-  console.log(`\nvictim p99, worst phase: ${worst.toFixed(1)} ms (goal <= 100 ms); instances LOST: ${lostTotal} (goal 0)`);
+  console.log(
+    `\nvictim p99, worst phase: ${worst.toFixed(1)} ms (goal <= 100 ms); oldest host report: ${(worstAge / 1000).toFixed(1)} s (goal <= 5 s); instances LOST: ${lostTotal} (goal 0)`,
+  );
 
   for (const agent of agents) await agent.close();
   await api.close();

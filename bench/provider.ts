@@ -58,7 +58,8 @@ async function run() {
   const { platform, operatorToken, close } = await benchPlatform({
     poolSize: 10,
     embedded: !args.pg,
-    env: { PROVIDERS: "hetzner-cloud", LIMIT_RATE_POINTS: "0" },
+    // The emulator answers plain http on loopback: allowed here, as a deployment would allow its own network.
+    env: { PROVIDERS: "hetzner-cloud", LIMIT_RATE_POINTS: "0", PROVIDER_ENDPOINT_HTTP: "true", PROVIDER_ENDPOINT_ALLOW: "127.0.0.1/32" },
   });
   const app = await startServer(platform, { port: 0, host: "127.0.0.1" });
   const worker = await startWorker(platform);

@@ -1,8 +1,6 @@
-import { mkdirSync, writeFileSync } from "node:fs";
-import { dirname } from "node:path";
 import { Command } from "commander";
 import * as bc from "../sdk/client.ts";
-import { clientConfigPath, clientSettings } from "./config.ts";
+import { clientConfigPath, clientSettings, saveClientSettings } from "./config.ts";
 
 /**
  * `bc` for people and scripts: instances, sandboxes, pools, nodes, usage, tokens and the doctor through the API, as tables
@@ -57,8 +55,7 @@ export function clientProgram(): Command {
       const o = { url: url as string, token: token as string };
       const { viewer } = await bc.createClient(o).request(bc.ViewerDocument);
       const path = clientConfigPath();
-      mkdirSync(dirname(path), { recursive: true, mode: 0o700 });
-      writeFileSync(path, `${JSON.stringify({ url: o.url, token: o.token }, null, 2)}\n`, { mode: 0o600 });
+      saveClientSettings(path, o);
       print(viewer, (v) => `logged in to ${o.url} as ${v.identityId}${v.isOperator ? " (operator)" : ""}; saved in ${path}\n`);
     });
 

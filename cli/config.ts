@@ -1,6 +1,7 @@
-import { existsSync, readFileSync } from "node:fs";
+import { randomBytes } from "node:crypto";
+import { closeSync, existsSync, fchmodSync, fsyncSync, mkdirSync, openSync, readFileSync, renameSync, rmSync, writeSync } from "node:fs";
 import { homedir } from "node:os";
-import { join } from "node:path";
+import { dirname, join } from "node:path";
 
 /**
  * The client commands' settings (`bc login`, `bc instances`, …): the one module of the client that reads the
@@ -10,6 +11,30 @@ import { join } from "node:path";
 /** Where `bc login` keeps the URL and token the client commands use: `$XDG_CONFIG_HOME/bc/config.json` (else ~/.config). */
 export function clientConfigPath(env: NodeJS.ProcessEnv = process.env): string {
   return join(env.XDG_CONFIG_HOME || join(env.HOME || homedir(), ".config"), "bc", "config.json");
+}
+
+/**
+ * Save what `bc login` checked, the token's owner's alone whatever file was there: a new file made 0600 (the
+ * mode given at open is only used for a file that does not exist yet, so an old 0644 file would have stayed
+ * 0644), written whole, then renamed over the old one, so a reader sees the old settings or the new, never half.
+ */
+export function saveClientSettings(path: string, settings: { url: string; token: string }): void {
+  mkdirSync(dirname(path), { recursive: true, mode: 0o700 });
+  const tmp = `${path}.${randomBytes(6).toString("hex")}.tmp`;
+  try {
+    const fd = openSync(tmp, "wx", 0o600);
+    try {
+      fchmodSync(fd, 0o600); // whatever the umask took away
+      writeSync(fd, `${JSON.stringify({ url: settings.url, token: settings.token }, null, 2)}\n`);
+      fsyncSync(fd);
+    } finally {
+      closeSync(fd);
+    }
+    renameSync(tmp, path);
+  } catch (e) {
+    rmSync(tmp, { force: true });
+    throw e;
+  }
 }
 
 /**

@@ -8,6 +8,7 @@ import { createProviderAccount } from "../core/pools/provider/accounts.ts";
 import { createTenant } from "../core/tenancy/tenants.ts";
 import { persistentSecret } from "../infra/data-dir.ts";
 import type { Platform } from "../infra/platform.ts";
+import { accountFences } from "../infra/providers.ts";
 import type { ProviderEmulator } from "../providers/emulator.ts";
 
 /**
@@ -74,7 +75,7 @@ export async function seedProviderPool(platform: Platform, emu: ProviderEmulator
     }
     const account = await createProviderAccount(
       w,
-      { providers: platform.config.vps.providers, sealer: platform.sealer },
+      { providers: platform.config.vps.providers, sealer: platform.sealer, fences: accountFences(platform.config) },
       {
         name: "cloud",
         provider: emu.provider,

@@ -14,7 +14,14 @@ export async function serve(opts: { embedded: boolean; worker: boolean; sim: num
   const loaded = await loadConfig();
   // The quick start's provider pool needs its plugin: dev lists the built-in providers unless the config names some.
   const quickStart = opts.embedded && opts.sim > 0;
-  const config = quickStart && !loaded.vps.providers.length ? { ...loaded, vps: { ...loaded.vps, providers: [...builtinProviders] } } : loaded;
+  const listed = quickStart && !loaded.vps.providers.length ? { ...loaded, vps: { ...loaded.vps, providers: [...builtinProviders] } } : loaded;
+  const emulated = quickStart && listed.vps.providers.some((p) => p.id === "hetzner-cloud");
+  // The quick start's Hetzner Cloud emulator answers plain http on loopback, which provider endpoints may
+  // reach only where the config allows: dev allows it for its own emulator, and nothing wider.
+  const { endpoints } = listed.providers;
+  const config = emulated
+    ? { ...listed, providers: { ...listed.providers, endpoints: { allowHttp: true, allow: [...endpoints.allow, "127.0.0.1/32"] } } }
+    : listed;
   const platform = await openPlatform(config, { embedded: opts.embedded });
   const app = await startServer(platform);
   const worker = opts.worker ? await startWorker(platform) : null;
@@ -51,7 +58,7 @@ export async function serve(opts: { embedded: boolean; worker: boolean; sim: num
       `    curl -s ${app.url} -H "authorization: Bearer ${seed.tenantToken}" -H 'content-type: application/json' \\`,
       `      -d '{"query":"mutation { createInstance(input: {poolId: \\"${seed.poolId}\\", flavor: \\"small\\", imageId: \\"${seed.imageId}\\"}) { id state } }"}'`,
     );
-    if (quickStart && config.vps.providers.some((p) => p.id === "hetzner-cloud")) {
+    if (emulated) {
       // Actions take a few seconds, as on the real cloud, so a newcomer can watch the states go by.
       emulator = await startHetznerEmulator({ actionMs: 2000 });
       const cloud = await seedProviderPool(platform, emulator);

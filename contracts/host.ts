@@ -1,4 +1,5 @@
 import { z } from "zod";
+import { egressCidr, egressProtos } from "./egress.ts";
 
 /**
  * The host protocol: what the server tells a host agent (NodeSpec) and what the agent reports back
@@ -26,10 +27,11 @@ export type Capacity = z.infer<typeof capacity>;
  * destinations (`allowlist`), or anything (`all`). Hosts enforce it on the instance's tap (tapFor).
  */
 export const egressRule = z.object({
-  cidr: z.string(),
+  /** Checked by the parser the API and the host's ruleset share (egress.ts): a spec a host would refuse fails here. */
+  cidr: egressCidr,
   /** null: every port. */
   port: z.number().int().min(1).max(65535).nullable(),
-  proto: z.enum(["tcp", "udp"]),
+  proto: z.enum(egressProtos),
 });
 export type EgressRule = z.infer<typeof egressRule>;
 export const networkPolicy = z.object({ egress: z.enum(["none", "allowlist", "all"]), allow: z.array(egressRule).default([]) });
@@ -94,6 +96,15 @@ export const nodeSpecChange = z.object({
   remove: z.array(z.string()),
 });
 export type NodeSpecChange = z.infer<typeof nodeSpecChange>;
+
+/**
+ * A change as a host reads it: each instance's policy is taken as sent and checked for that instance alone
+ * (agent/converge.ts), so one policy the host cannot enforce (a row stored before the API checked as strictly)
+ * costs that instance, never the whole spec and so every other tenant's instances on the host.
+ */
+export const hostSpecChange = nodeSpecChange.extend({
+  instances: z.array(instanceSpec.extend({ network: z.custom<NetworkPolicy>().default({ egress: "all", allow: [] }) })),
+});
 
 /**
  * The spec a change makes of the one it applies to. A change that does not follow `current` (its `since` is
@@ -178,6 +189,8 @@ export const execRequest = z.object({
   env: z.record(z.string(), z.string()).default({}),
   stdin: z.string().max(1_048_576).nullable().default(null),
   timeoutMs: z.number().int().min(1).max(3_600_000),
+  /** The most output (UTF-8 bytes) the server keeps of it: the host need send no more. Absent from an older server's commands. */
+  outputBytes: z.number().int().min(1).optional(),
 });
 export type ExecRequest = z.infer<typeof execRequest>;
 

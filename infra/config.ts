@@ -1,10 +1,12 @@
 import { existsSync } from "node:fs";
-import { resolve } from "node:path";
+import { isAbsolute, resolve } from "node:path";
 import { pathToFileURL } from "node:url";
 import { z } from "zod";
+import { type AddressPolicy, parseCidr } from "../contracts/addresses.ts";
 import { AppError } from "../contracts/errors.ts";
 import type { ImageResolver } from "../core/catalog/images.ts";
 import type { ProviderDefinition } from "../core/pools/provider/contract.ts";
+import { EXEC_OUTPUT_CAPS } from "../core/sandboxes/exec-output.ts";
 import { builtinProviders } from "../providers/index.ts";
 
 /**
@@ -36,7 +38,10 @@ export interface ConfigFile {
     joinTokenTtlSeconds?: number;
     commandTimeoutMs?: number;
   };
-  providers?: Partial<Config["providers"]>;
+  providers?: Partial<Omit<Config["providers"], "endpoints">> & {
+    /** Provider endpoints: https to public addresses only, unless allowed here (infra/provider-fetch.ts). */
+    endpoints?: Partial<AddressPolicy>;
+  };
   sandboxes?: Partial<Config["sandboxes"]>;
   live?: { bufferEvents?: number; keepAliveMs?: number; reauthMs?: number; pollMs?: number };
   retention?: Partial<Config["retention"]>;
@@ -49,6 +54,8 @@ export interface ConfigFile {
     hostNetwork?: string;
     /** Registering images: https only unless `allowHttp` (a mirror on the operator's network). */
     imageSources?: { allowHttp?: boolean };
+    /** Where `env:` and `file:` credential references may point (infra/secret-refs.ts). */
+    secretRefs?: { envPrefix?: string; dir?: string };
   };
 }
 export const defineConfig = (c: ConfigFile): ConfigFile => c;
@@ -58,6 +65,8 @@ const providerDef = z.custom<ProviderDefinition>(
   (v) => typeof v === "object" && v !== null && typeof (v as ProviderDefinition).id === "string" && "accountConfig" in v,
   "not a provider definition (use defineProvider)",
 );
+const bool = z.union([z.boolean(), z.stringbool()], { error: "must be true or false" });
+const cidr = z.string().refine((s) => parseCidr(s) !== null, "must be a CIDR such as 10.0.0.0/8 or fd00::/8, or an address");
 const resolverOf = <T>(what: string) =>
   z.custom<T>((v) => typeof v === "object" && v !== null && typeof (v as { resolve?: unknown }).resolve === "function", `${what} needs a resolve() function`);
 
@@ -114,7 +123,13 @@ const schema = z.object({
       sweepMs: z.coerce.number().int().min(50).default(15_000),
       /** `sandbox_warm` limit (warm instances over all of a tenant's templates) where the operator set none. */
       defaultWarmQuota: z.coerce.number().int().min(0).default(4),
+      /** Bytes of one exec's output stored (each chunk counts 64 more, for its row); past it output is dropped. */
+      execOutputBytes: z.coerce.number().int().min(4096).default(EXEC_OUTPUT_CAPS.execOutputBytes),
+      /** Bytes of exec output one tenant may have kept at once, each running exec counted at `execOutputBytes`. */
+      tenantExecOutputBytes: z.coerce.number().int().min(4096).default(EXEC_OUTPUT_CAPS.tenantExecOutputBytes),
     })
+    // Else no exec could ever start: a running one is counted at the per-exec cap.
+    .refine((s) => s.tenantExecOutputBytes >= s.execOutputBytes, { message: "must be at least execOutputBytes", path: ["tenantExecOutputBytes"] })
     .prefault({}),
   /** Provider pools: how the worker paces its calls to providers' APIs. */
   providers: z
@@ -133,6 +148,11 @@ const schema = z.object({
       createLeaseMs: z.coerce.number().int().min(100).default(60_000),
       /** A resolved credential is used this long before it is resolved again (rotation takes effect). */
       credentialTtlMs: z.coerce.number().int().min(0).default(60_000),
+      /**
+       * Where the worker may send an account's credential: https to public addresses, checked after DNS. An
+       * operator's own network (a Proxmox VE on a LAN, an emulator on loopback) is allowed here, by range.
+       */
+      endpoints: z.object({ allowHttp: bool.default(false), allow: z.array(cidr).default([]) }).prefault({}),
     })
     .prefault({}),
   /** Subscriptions: what a live connection may cost the server. */
@@ -195,6 +215,20 @@ const schema = z.object({
        * server over pub/sub, drop it at once; this bounds a missed message). 0: every request reads it.
        */
       authCacheMs: z.coerce.number().int().min(0).default(10_000),
+      /** Operations (subscriptions, and queries in flight) one websocket may hold open at once. 0: no cap. */
+      subscriptionsPerConnection: z.coerce.number().int().min(0).default(100),
+      /** Operations one credential (anonymous callers: one address) may hold open on one server, over all its sockets. 0: no cap. */
+      subscriptionsPerCaller: z.coerce.number().int().min(0).default(200),
+      /** Websocket connections one credential (or address) may hold open on one server. 0: no cap. */
+      connectionsPerCaller: z.coerce.number().int().min(0).default(100),
+      /** Unknown, expired or revoked tokens one source address may present per window before its unknown tokens are refused unread. 0: no limit. */
+      authFailures: z.coerce.number().int().min(0).default(20),
+      /** Bytes a websocket may send before its credential is accepted (connection_init and what comes with it). */
+      wsPreAuthBytes: z.coerce
+        .number()
+        .int()
+        .min(256)
+        .default(16 * 1024),
     })
     .prefault({}),
   vps: z
@@ -217,7 +251,21 @@ const schema = z.object({
         .string()
         .regex(/^[A-Za-z0-9_.-]{1,15}$/, "an interface name of 1 to 15 letters, digits, _ . -")
         .default("br0"),
-      imageSources: z.object({ allowHttp: z.union([z.boolean(), z.stringbool()], { error: "must be true or false" }).default(false) }).prefault({}),
+      imageSources: z.object({ allowHttp: bool.default(false) }).prefault({}),
+      /**
+       * What an operator's credential reference may name: `env:` variables starting with `envPrefix` (empty:
+       * any, not recommended), `file:` paths inside `dir` (unset: none). Never the deployment's own settings
+       * (settingNames) or its data dir, whatever these say.
+       */
+      secretRefs: z
+        .object({
+          envPrefix: z
+            .string()
+            .regex(/^[A-Za-z0-9_]{0,64}$/, "letters, digits and _")
+            .default("BC_SECRET_"),
+          dir: z.string().refine(isAbsolute, "must be an absolute path").optional(),
+        })
+        .prefault({}),
     })
     .prefault({}),
 });
@@ -259,7 +307,12 @@ export function readEnv(env: NodeJS.ProcessEnv): Record<string, unknown> {
       joinTokenTtlSeconds: env.JOIN_TOKEN_TTL_S,
       commandTimeoutMs: env.HOST_COMMAND_TIMEOUT_MS,
     }),
-    sandboxes: prune({ sweepMs: env.SANDBOX_SWEEP_MS, defaultWarmQuota: env.SANDBOX_WARM_QUOTA }),
+    sandboxes: prune({
+      sweepMs: env.SANDBOX_SWEEP_MS,
+      defaultWarmQuota: env.SANDBOX_WARM_QUOTA,
+      execOutputBytes: env.SANDBOX_EXEC_OUTPUT_BYTES,
+      tenantExecOutputBytes: env.SANDBOX_TENANT_EXEC_OUTPUT_BYTES,
+    }),
     providers: prune({
       sweepMs: env.PROVIDER_SWEEP_MS,
       orphanGraceMs: env.PROVIDER_ORPHAN_GRACE_MS,
@@ -267,6 +320,7 @@ export function readEnv(env: NodeJS.ProcessEnv): Record<string, unknown> {
       pollMaxMs: env.PROVIDER_POLL_MAX_MS,
       credentialTtlMs: env.PROVIDER_CREDENTIAL_TTL_MS,
       createLeaseMs: env.PROVIDER_CREATE_LEASE_MS,
+      endpoints: prune({ allowHttp: env.PROVIDER_ENDPOINT_HTTP, allow: list(env.PROVIDER_ENDPOINT_ALLOW) }),
     }),
     live: prune({ bufferEvents: env.LIVE_BUFFER_EVENTS, keepAliveMs: env.WS_KEEPALIVE_MS, reauthMs: env.LIVE_REAUTH_MS, pollMs: env.LIVE_POLL_MS }),
     retention: prune({
@@ -289,6 +343,11 @@ export function readEnv(env: NodeJS.ProcessEnv): Record<string, unknown> {
       apiConnections: env.LIMIT_API_CONNECTIONS,
       apiStatementTimeoutMs: env.LIMIT_API_STATEMENT_TIMEOUT_MS,
       authCacheMs: env.LIMIT_AUTH_CACHE_MS,
+      subscriptionsPerConnection: env.LIMIT_SUBSCRIPTIONS_PER_CONNECTION,
+      subscriptionsPerCaller: env.LIMIT_SUBSCRIPTIONS_PER_CALLER,
+      connectionsPerCaller: env.LIMIT_CONNECTIONS_PER_CALLER,
+      authFailures: env.LIMIT_AUTH_FAILURES,
+      wsPreAuthBytes: env.LIMIT_WS_PREAUTH_BYTES,
     }),
     vps: prune({
       runtimes: list(env.VPS_RUNTIMES),
@@ -296,9 +355,26 @@ export function readEnv(env: NodeJS.ProcessEnv): Record<string, unknown> {
       hostNetwork: env.VPS_HOST_NETWORK,
       // The agent reads the same variable: on one machine, one setting allows http on both sides.
       imageSources: prune({ allowHttp: env.IMAGE_SOURCE_HTTP }),
+      secretRefs: prune({ envPrefix: env.PROVIDER_SECRET_ENV_PREFIX, dir: env.PROVIDER_SECRET_DIR }),
     }),
   });
 }
+
+/**
+ * Every variable this module reads as a setting (and BC_CONFIG): what readEnv asks of a recording environment.
+ * A credential reference never names one of these (DATABASE_URL, SEAL_KEY, …), whatever the prefix allows.
+ */
+export const settingNames: ReadonlySet<string> = (() => {
+  const seen = new Set<string>(["BC_CONFIG"]);
+  const recorder = new Proxy({} as NodeJS.ProcessEnv, {
+    get: (_t, key) => {
+      if (typeof key === "string") seen.add(key);
+      return undefined;
+    },
+  });
+  readEnv(recorder);
+  return seen;
+})();
 
 function prune(o: Record<string, unknown>): Record<string, unknown> {
   return Object.fromEntries(
@@ -309,16 +385,18 @@ function prune(o: Record<string, unknown>): Record<string, unknown> {
 /** Parse file + env into one Config, or throw INVALID_CONFIG naming the first offending path. */
 export function parseConfig(file: ConfigFile = {}, env: NodeJS.ProcessEnv = {}): Config {
   const fromEnv = readEnv(env);
+  const envProviders = fromEnv.providers as { endpoints?: object } | undefined;
+  const envVps = fromEnv.vps as { secretRefs?: object } | undefined;
   const merged = {
     ...file,
     ...fromEnv,
     hosts: { ...file.hosts, ...(fromEnv.hosts as object | undefined) },
-    providers: { ...file.providers, ...(fromEnv.providers as object | undefined) },
+    providers: { ...file.providers, ...envProviders, endpoints: { ...file.providers?.endpoints, ...envProviders?.endpoints } },
     sandboxes: { ...file.sandboxes, ...(fromEnv.sandboxes as object | undefined) },
     live: { ...file.live, ...(fromEnv.live as object | undefined) },
     retention: { ...file.retention, ...(fromEnv.retention as object | undefined) },
     limits: { ...file.limits, ...(fromEnv.limits as object | undefined) },
-    vps: { ...file.vps, ...(fromEnv.vps as object | undefined) },
+    vps: { ...file.vps, ...envVps, secretRefs: { ...file.vps?.secretRefs, ...envVps?.secretRefs } },
   };
   const result = schema.safeParse(merged);
   if (!result.success) {

@@ -20,7 +20,7 @@ import { migrate } from "./db/migrate.ts";
 import { bullJobs, type Jobs, memoryJobs } from "./jobs.ts";
 import { type Logger, logger } from "./log.ts";
 import { platformMetrics, type WriteCounts } from "./metrics.ts";
-import { providerSessions } from "./providers.ts";
+import { providerSessions, secretRefPolicy } from "./providers.ts";
 import { eventSequencer } from "./sequencer.ts";
 
 /** Everything a process of the platform shares: one per server, worker or dev process. */
@@ -248,6 +248,8 @@ export async function openPlatform(config: Config, opts: PlatformOptions = {}): 
         providers: config.vps.providers,
         sealer: seal,
         ...(config.vps.secrets ? { custom: config.vps.secrets } : {}),
+        refs: secretRefPolicy(config),
+        endpoints: config.providers.endpoints,
         // Labels this deployment's machines: stable for one seal key, and says nothing of it.
         managedBy: `bc-${seal.digest("provider machines", "managed-by").slice(0, 12)}`,
         credentialTtlMs: config.providers.credentialTtlMs,

@@ -48,10 +48,11 @@ if ! redis-cli -h 127.0.0.1 -p 6379 ping >/dev/null 2>&1; then
   wait_for Redis 30 redis-cli -h 127.0.0.1 -p 6379 ping
 fi
 
-# --- libvirt and QEMU (tests/kvm) -------------------------------------------------------------------------
+# --- libvirt and QEMU (tests/kvm), bubblewrap (the fake hosts' exec) --------------------------------------
 pkgs=()
 for pair in virsh:libvirt-clients libvirtd:libvirt-daemon-system qemu-system-x86_64:qemu-system-x86 qemu-img:qemu-utils \
-  genisoimage:genisoimage busybox:busybox-static debugfs:e2fsprogs modinfo:kmod cpio:cpio xz:xz-utils ip:iproute2 nft:nftables; do
+  genisoimage:genisoimage busybox:busybox-static debugfs:e2fsprogs modinfo:kmod cpio:cpio xz:xz-utils ip:iproute2 nft:nftables \
+  bwrap:bubblewrap; do
   command -v "${pair%%:*}" >/dev/null || pkgs+=("${pair#*:}")
 done
 dpkg -s libvirt-dev >/dev/null 2>&1 || pkgs+=(libvirt-dev)

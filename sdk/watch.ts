@@ -82,6 +82,13 @@ async function* resumable<R, V extends { after?: string | null }>(
           after = null;
           continue;
         }
+        // Over the credential's rate or its cap on open subscriptions: come back when the server says.
+        if (e instanceof SdkError && e.code === "RATE_LIMITED" && attempt < (opts.maxAttempts ?? Number.POSITIVE_INFINITY)) {
+          attempt++;
+          opts.onReconnect?.({ code: null, reason: e.message, attempt });
+          await new Promise((r) => setTimeout(r, retryAfter(e)));
+          continue;
+        }
         if (e instanceof SdkError) throw e;
         const { code, reason } = closeOf(e);
         if (code === 4401) throw new SdkError([{ message: reason || "credential expired or revoked", extensions: { code: "UNAUTHENTICATED" } }]);
@@ -95,6 +102,12 @@ async function* resumable<R, V extends { after?: string | null }>(
     opts.signal?.removeEventListener("abort", abort);
     await client.dispose();
   }
+}
+
+/** How long a RATE_LIMITED answer asks to wait (a second when it does not say), with jitter so watchers spread out. */
+function retryAfter(e: SdkError): number {
+  const ms = e.errors.find((x) => typeof x.extensions?.retryAfterMs === "number")?.extensions?.retryAfterMs as number | undefined;
+  return (ms ?? 1000) * (1 + Math.random() / 4);
 }
 
 /** The server's answer to a cursor it cannot resume from: subscribe again without one. */

@@ -1,11 +1,12 @@
 import { randomUUID } from "node:crypto";
 import { createServer, type IncomingMessage, type Server, type ServerResponse } from "node:http";
+import type { Socket } from "node:net";
 import { type ExecutionResult, GraphQLError } from "graphql";
 import { useServer } from "graphql-ws/use/ws";
 import { createYoga, type Plugin } from "graphql-yoga";
 import { WebSocketServer } from "ws";
 import { AppError, isAppError } from "../contracts/errors.ts";
-import { authenticate } from "../core/auth/authenticate.ts";
+import { authenticate, isOperatorToken } from "../core/auth/authenticate.ts";
 import type { Principal } from "../core/auth/principal.ts";
 import { pendingMigrations } from "../infra/db/migrate.ts";
 import type { Platform } from "../infra/platform.ts";
@@ -14,9 +15,11 @@ import { bodyAllowed } from "./body.ts";
 import type { Context } from "./context.ts";
 import { dashboard, defaultDashboardDir } from "./dashboard.ts";
 import { asInvalidInput, toClientError } from "./errors.ts";
+import type { AuthFailures } from "./limits/auth-failures.ts";
 import { credentialChecker, openLimits, overLimit } from "./limits/index.ts";
+import { callerKey } from "./limits/request.ts";
 import { type OpenSources, subscribeShared } from "./live/execute.ts";
-import { CloseCode, type LiveConnection, LiveHub } from "./live/hub.ts";
+import { CloseCode, closeReason, type LiveConnection, LiveHub } from "./live/hub.ts";
 import { serverMetrics } from "./metrics.ts";
 import { PrincipalCache } from "./principal-cache.ts";
 import { schema } from "./schema/index.ts";
@@ -31,14 +34,40 @@ export interface App {
   close(): Promise<void>;
 }
 
+/** Where a request comes from, for the limit on unknown tokens per source address (server/limits/auth-failures.ts). */
+interface Origin {
+  failures: AuthFailures;
+  address: string | undefined;
+}
+
 /** Who `authorization` speaks for; through `cache` where given (requests), read every time where not (re-checks). */
-async function principalFor(platform: Platform, authorization: string | undefined | null, cache?: PrincipalCache): Promise<Principal | null> {
+async function principalFor(platform: Platform, authorization: string | undefined | null, cache?: PrincipalCache, origin?: Origin): Promise<Principal | null> {
   if (!authorization) return null;
   const bearer = /^Bearer\s+(\S+)$/i.exec(authorization)?.[1];
+  const address = origin?.address;
+  // An address that kept presenting tokens nobody issued gets no more reads: only what this server already knows.
+  if (bearer && address && !cache?.knows(bearer, platform.now()) && !isOperatorToken(bearer, platform.operatorToken)) {
+    const wait = origin.failures.blockedFor(address);
+    if (wait > 0) {
+      const seconds = Math.ceil(wait / 1000);
+      throw new AppError(
+        "RATE_LIMITED",
+        `too many unknown, expired or revoked tokens from this address; retry in ${seconds} s (the server's limits.authFailures)`,
+        {
+          retryAfterMs: wait,
+          limit: "authFailures",
+          http: { status: 429, headers: { "Retry-After": String(seconds) } },
+        },
+      );
+    }
+  }
   const lookup = () => platform.read((sql) => authenticate(sql, bearer as string, platform.operatorToken, platform.now()));
   const who = bearer ? await (cache ? cache.principal(bearer, platform.now(), lookup) : lookup()) : null;
   // A credential that is wrong is an error, not an anonymous call: clients learn at once that it is bad.
-  if (!who) throw new AppError("UNAUTHENTICATED", "the bearer token is unknown, expired or revoked");
+  if (!who) {
+    if (address) origin.failures.failed(address);
+    throw new AppError("UNAUTHENTICATED", "the bearer token is unknown, expired or revoked");
+  }
   return who;
 }
 
@@ -70,6 +99,20 @@ function withContractCode(e: GraphQLError): GraphQLError {
   return new GraphQLError(`${e.message.replace(/\.$/, "")}${detail}.${hint}`, { path: e.path, extensions: { ...extensions, code: "INVALID_INPUT" } });
 }
 
+/**
+ * Ends a websocket that sends more than `bytes` before its credential is accepted, before ws has read a frame
+ * that large: a 40 MiB connection_init would otherwise be buffered and parsed. Returns what lifts the bound.
+ */
+function boundBeforeAuth(raw: Socket, bytes: number): () => void {
+  let seen = 0;
+  const count = (chunk: Buffer) => {
+    seen += chunk.length;
+    if (seen > bytes) raw.destroy();
+  };
+  raw.on("data", count);
+  return () => raw.off("data", count);
+}
+
 export async function startServer(platform: Platform, opts: { port?: number; host?: string } = {}): Promise<App> {
   const sources: OpenSources = { count: 0 };
   // A credential that no longer works is null; a database outage throws, and the hub keeps the connection.
@@ -96,13 +139,14 @@ export async function startServer(platform: Platform, opts: { port?: number; hos
       },
     }),
   };
-  const yoga = createYoga<{ scope?: RequestScope }, Context>({
+  const yoga = createYoga<{ scope?: RequestScope; req?: IncomingMessage }, Context>({
     schema,
     graphqlEndpoint: "/graphql",
     landingPage: false,
     // Bounded before yoga sees the request, more cheaply than yoga does it (server/body.ts).
     maxRequestBodySize: false,
-    graphiql: { title: "Better Compute" },
+    // GraphiQL is served by the dashboard's module, from files of our own (server/dashboard.ts).
+    graphiql: false,
     plugins: [...limits.plugins, invalidInputCodes, requestErrors as Plugin, operationOnScope as Plugin, metrics.plugin],
     // Refusals are answers, not faults: yoga's own logging would print each one; ours logs the unexpected.
     logging: {
@@ -111,14 +155,15 @@ export async function startServer(platform: Platform, opts: { port?: number; hos
       warn: (...a: unknown[]) => platform.log.warn(String(a[0])),
       error: (...a: unknown[]) => platform.log.debug(String(a[0])),
     },
-    context: async ({ request, scope }) => {
+    context: async ({ request, scope, req }) => {
       const requestId = scope?.id ?? randomUUID();
       const log = scope?.log ?? platform.log.child({ requestId });
       // Websocket operations have no HTTP request: onSubscribe below authenticates from connectionParams.
       if (!request) return { platform, principal: null, requestId, log };
       const authorization = request.headers.get("authorization");
       try {
-        const principal = await principalFor(credentialChecker(platform, authorization), authorization, principals);
+        const origin = { failures: limits.authFailures, address: req?.socket.remoteAddress };
+        const principal = await principalFor(credentialChecker(platform, authorization), authorization, principals, origin);
         if (scope) scope.principal = principal;
         return { platform, principal, requestId, log };
       } catch (e) {
@@ -174,9 +219,13 @@ export async function startServer(platform: Platform, opts: { port?: number; hos
     }
     if (path === "/usage.csv" && req.method === "GET")
       return serveUsageCsv(platform, req, res, () =>
-        principalFor(credentialChecker(platform, req.headers.authorization ?? null), req.headers.authorization, principals),
+        principalFor(credentialChecker(platform, req.headers.authorization ?? null), req.headers.authorization, principals, {
+          failures: limits.authFailures,
+          address: req.socket.remoteAddress,
+        }),
       );
     if (await site(req, res, path)) return;
+    if (path === "/graphql" && req.method === "GET" && /text\/html/.test(req.headers.accept ?? "")) return site.graphiql(res, "/graphql");
     if (!bodyAllowed(req, res, platform.config.limits.bodyBytes)) return;
     return yoga.handle(req, res, { scope });
   };
@@ -191,7 +240,9 @@ export async function startServer(platform: Platform, opts: { port?: number; hos
   // A connection authenticates once, from connectionParams; the live hub ends it when that credential stops working.
   const live = new WeakMap<object, LiveConnection>();
   const socketLogs = new WeakMap<object, SocketLog>();
-  const wss = new WebSocketServer({ server, path: "/graphql" });
+  // Frames up to the HTTP body limit; before its credential is accepted, a socket may send far less (below).
+  const wss = new WebSocketServer({ server, path: "/graphql", maxPayload: platform.config.limits.bodyBytes });
+  const preAuth = new WeakMap<object, () => void>();
   const ws = useServer(
     {
       onConnect: async (ctx) => {
@@ -199,24 +250,35 @@ export async function startServer(platform: Platform, opts: { port?: number; hos
         const slog = new SocketLog(platform.log);
         socketLogs.set(socket, slog);
         const auth = (ctx.connectionParams?.authorization as string | undefined) ?? null;
+        const address = ctx.extra.request.socket.remoteAddress;
         let principal: Principal | null;
         const mark = hub.mark();
         try {
-          principal = await principalFor(platform, auth, principals);
+          principal = await principalFor(platform, auth, principals, { failures: limits.authFailures, address });
           // Revoked while it was being checked: the revocation could not end a connection not yet registered.
           const overtaken = hub.revokedSince(mark, principal);
           if (overtaken === "revoked") throw new AppError("UNAUTHENTICATED", "credential revoked");
           if (overtaken === "unsure") throw new Error("more revocations arrived during the check than the hub remembers");
         } catch (e) {
-          // A bad credential is final (4401); not being able to check it (the database is down) is not.
+          // A bad credential is final (4401); not being able to check it (the database is down, or this address
+          // is refused for a while) is not.
           if (isAppError(e, "UNAUTHENTICATED")) socket.close(CloseCode.unauthorized, "the bearer token is unknown, expired or revoked");
+          else if (isAppError(e, "RATE_LIMITED")) socket.close(CloseCode.tryAgainLater, closeReason(e.message));
           else {
             slog.log.warn("could not authenticate a websocket", { err: String(e) });
             socket.close(CloseCode.tryAgainLater, "cannot check credentials right now; retry");
           }
           return false;
         }
-        const conn = hub.connect(socket, principal, auth ? (/^Bearer\s+(\S+)$/i.exec(auth)?.[1] ?? null) : null);
+        const full = limits.live.connection(hub, principal, address);
+        if (full) {
+          socket.close(CloseCode.tooMany, closeReason(full));
+          return false;
+        }
+        preAuth.get(socket)?.();
+        const bearer = auth ? (/^Bearer\s+(\S+)$/i.exec(auth)?.[1] ?? null) : null;
+        const caller = principal?.nodeId ? null : callerKey(principal, address);
+        const conn = hub.connect(socket, principal, bearer, { caller, operations: () => Object.keys(ctx.subscriptions).length });
         live.set(socket, conn);
         // Straight from the socket: graphql-ws calls onClose only after every subscription has returned, and a
         // subscription waiting on a quiet instance or node returns only once its connection has ended.
@@ -227,8 +289,16 @@ export async function startServer(platform: Platform, opts: { port?: number; hos
       onComplete: (ctx, id) => socketLogs.get(ctx.extra.socket)?.completed(id),
       execute: ((args: { rootValue: { execute: (a: unknown) => unknown } }) => args.rootValue.execute(args)) as never,
       // Subscriptions skip yoga's executor: events are resolved once per distinct request (server/live/execute.ts).
-      subscribe: (args) => {
+      // Subscriptions pay like queries: admitted (cost, rate, caps, lane) before their source opens.
+      subscribe: async (args) => {
         const ctx = args.contextValue as Context;
+        // Its own end, which its source stops on (queries and mutations over the socket end with the connection).
+        if (ctx.live) Object.assign(ctx.live, ctx.live.conn.operation());
+        const refused = await limits.live.subscription(args);
+        if (refused) {
+          ctx.live?.complete?.();
+          return { errors: [refused] };
+        }
         const mask = (r: ExecutionResult) => (r.errors?.length ? { ...r, errors: r.errors.map((e) => toClientError(e, ctx.log, ctx.requestId)) } : r);
         return subscribeShared(args, ctx.principal?.identityId ?? "", mask, sources);
       },
@@ -250,7 +320,7 @@ export async function startServer(platform: Platform, opts: { port?: number; hos
           principal: conn?.principal ?? null,
           requestId,
           log: slog.log.child({ operationId: id, requestId }),
-          ...(conn ? { live: { hub, conn, operationId: id } } : {}),
+          ...(conn ? { live: { hub, conn, operationId: id, signal: conn.signal } } : {}),
         };
         const args = {
           schema: s,
@@ -269,6 +339,24 @@ export async function startServer(platform: Platform, opts: { port?: number; hos
     wss,
     platform.config.live.keepAliveMs,
   );
+  // After graphql-ws's own listener, so that its handling of socket errors can be replaced: a frame over the
+  // limit is the client's doing (ws answers 1009 and closes), not a fault to print on the console for each one.
+  wss.on("connection", (socket, req) => {
+    preAuth.set(socket, boundBeforeAuth(req.socket, platform.config.limits.wsPreAuthBytes));
+    socket.removeAllListeners("error");
+    socket.on("error", (err) => platform.log.debug("websocket error", { err: String(err) }));
+    // A write to a socket the peer broke fails every frame still queued, and graphql-ws prints each failure with
+    // its stack: a client that drops a connection with many subscriptions open would fill the log. The close
+    // that follows ends the connection and its subscriptions; the failed frames themselves need no one told.
+    const send = socket.send.bind(socket) as (data: string, done?: (err?: Error) => void) => void;
+    socket.send = ((data: string, ...rest: unknown[]) => {
+      const done = rest.find((r): r is (err?: Error) => void => typeof r === "function");
+      send(data, (err) => {
+        if (err) platform.log.debug("websocket write failed", { err: String(err) });
+        done?.();
+      });
+    }) as typeof socket.send;
+  });
 
   await new Promise<void>((resolve) => server.listen(opts.port ?? platform.config.port, opts.host ?? platform.config.host, resolve));
   const addr = server.address();

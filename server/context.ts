@@ -4,7 +4,7 @@ import type { Write } from "../core/kernel/write.ts";
 import type { Logger } from "../infra/log.ts";
 import type { Platform } from "../infra/platform.ts";
 import type { Frames } from "./live/execute.ts";
-import type { LiveConnection, LiveHub } from "./live/hub.ts";
+import type { LiveConnection, LiveHub, Replay } from "./live/hub.ts";
 
 export interface Context {
   platform: Platform;
@@ -14,9 +14,20 @@ export interface Context {
   log: Logger;
   /**
    * Set for operations on a websocket: the server's live hub, this connection, the operation's graphql-ws id and,
-   * for a subscription, how its events become frames written straight to the socket (server/live/execute.ts).
+   * for a subscription, how its events become frames written straight to the socket (server/live/execute.ts) and
+   * how its replay is read and paid for (set when the subscription is admitted: server/limits/live.ts).
    */
-  live?: { hub: LiveHub; conn: LiveConnection; operationId?: string; frames?: Frames };
+  live?: {
+    hub: LiveHub;
+    conn: LiveConnection;
+    operationId?: string;
+    frames?: Frames;
+    replay?: Replay;
+    /** A subscription's own end: aborted when it completes or its connection ends (the connection's, otherwise). */
+    signal: AbortSignal;
+    /** Called by the subscription's source when it is done (server/live/execute.ts). */
+    complete?: () => void;
+  };
 }
 
 /**

@@ -1,10 +1,44 @@
-import type { DocumentNode } from "graphql";
+import { readdirSync, readFileSync } from "node:fs";
+import { type DocumentNode, type GraphQLSchema, Kind, parse } from "graphql";
 import type { Plugin } from "graphql-yoga";
 import { Counter, Gauge, Histogram, Registry } from "prom-client";
+import { errorCodes } from "../contracts/errors.ts";
 import { mirrorCounter } from "../infra/metrics.ts";
 import type { Platform } from "../infra/platform.ts";
 import { operationOf } from "./access.ts";
 import type { LiveHub } from "./live/hub.ts";
+
+/**
+ * Label values never come from what a client chooses: every value is a series kept for good, so a client naming
+ * each request differently would grow the page without bound. An operation is labelled by its name only when the
+ * name is known for its type — an operation of the SDK's own documents (sdk/operations, read at start as data:
+ * the server imports nothing of the SDK) or a root field of the schema (`query instances { … }`) — and as "other"
+ * otherwise; an outcome is ok, one of the error codes, or ERROR. Pools, nodes and jobs are the operator's, and
+ * close codes the server's own.
+ */
+export const OTHER_OPERATION = "other";
+const OUTCOMES = new Set<string>([...errorCodes, "INTERNAL"]);
+
+/** The SDK's operations, name → type, from its documents (none, with a warning, where they were not shipped). */
+export function sdkOperations(dir = new URL("../sdk/operations/", import.meta.url)): Map<string, string> {
+  const known = new Map<string, string>();
+  for (const file of readdirSync(dir).filter((f) => f.endsWith(".graphql")))
+    for (const def of parse(readFileSync(new URL(file, dir), "utf8")).definitions)
+      if (def.kind === Kind.OPERATION_DEFINITION && def.name) known.set(def.name.value, def.operation);
+  return known;
+}
+
+/** The schema's root fields, name → type. */
+function rootFields(schema: GraphQLSchema): Map<string, string> {
+  const known = new Map<string, string>();
+  for (const [type, root] of [
+    ["query", schema.getQueryType()],
+    ["mutation", schema.getMutationType()],
+    ["subscription", schema.getSubscriptionType()],
+  ] as const)
+    for (const name of Object.keys(root?.getFields() ?? {})) known.set(name, type);
+  return known;
+}
 
 /**
  * `/metrics` (Prometheus text format, prom-client): this server's GraphQL traffic, live connections and events,
@@ -14,11 +48,26 @@ import type { LiveHub } from "./live/hub.ts";
  */
 export function serverMetrics(platform: Platform, hub: LiveHub, liveOperations: () => number) {
   const registry = new Registry();
+  let sdk: Map<string, string>;
+  try {
+    sdk = sdkOperations();
+  } catch (e) {
+    platform.log.warn("the SDK's operations could not be read: their names are counted as other", { err: String(e) });
+    sdk = new Map();
+  }
+  const roots = new WeakMap<GraphQLSchema, Map<string, string>>();
+  /** The name a series may carry for this operation. */
+  const labelOf = (schema: GraphQLSchema, name: string, type: string) => {
+    if (name === "anonymous" || sdk.get(name) === type) return name;
+    const fields = roots.get(schema) ?? rootFields(schema);
+    roots.set(schema, fields);
+    return fields.get(name) === type ? name : OTHER_OPERATION;
+  };
   const registers = [registry];
 
   const requests = new Counter({
     name: "bc_graphql_requests_total",
-    help: "GraphQL operations executed, by operation name, type and outcome (ok, or the error code).",
+    help: "GraphQL operations executed, by operation name (other: a name not the SDK's nor a root field's), type and outcome (ok, or the error code).",
     labelNames: ["operation", "type", "outcome"],
     registers,
   });
@@ -92,7 +141,8 @@ export function serverMetrics(platform: Platform, hub: LiveHub, liveOperations: 
   /** Counts and times each query and mutation (subscriptions are the live gauges' business). */
   const plugin: Plugin = {
     onExecute: ({ args }) => {
-      const { name: operation, type } = operationOf(args.document as DocumentNode, args.operationName) ?? { name: "anonymous", type: "query" };
+      const { name, type } = operationOf(args.document as DocumentNode, args.operationName) ?? { name: "anonymous", type: "query" };
+      const operation = labelOf(args.schema, name, type);
       const stop = latency.startTimer({ operation, type });
       return {
         onExecuteDone: ({ result }) => {
@@ -100,8 +150,8 @@ export function serverMetrics(platform: Platform, hub: LiveHub, liveOperations: 
           const errors = "errors" in result ? result.errors : undefined;
           // Our errors carry their code on the original error until the response is masked.
           const first = errors?.[0] as { extensions?: { code?: unknown }; originalError?: { code?: unknown } } | undefined;
-          const code = first?.extensions?.code ?? first?.originalError?.code;
-          requests.inc({ operation, type, outcome: errors?.length ? String(code ?? "ERROR") : "ok" });
+          const code = String(first?.extensions?.code ?? first?.originalError?.code);
+          requests.inc({ operation, type, outcome: errors?.length ? (OUTCOMES.has(code) ? code : "ERROR") : "ok" });
         },
       };
     },

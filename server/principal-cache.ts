@@ -42,6 +42,12 @@ export class PrincipalCache {
     return cache;
   }
 
+  /** Whether `bearer` is remembered (and not expired): a request with it needs no read. */
+  knows(bearer: string, now: Date): boolean {
+    const hit = this.revocations ? this.byHash.get(sha256Hex(bearer)) : undefined;
+    return !!hit && hit.until > Date.now() && !expired(hit.principal, now);
+  }
+
   /** The principal for `bearer`, from memory or from `lookup` (kept when it resolved). */
   async principal(bearer: string, now: Date, lookup: () => Promise<Principal | null>): Promise<Principal | null> {
     if (!this.revocations) return lookup();

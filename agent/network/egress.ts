@@ -6,9 +6,10 @@ import { DEFAULT_TABLE, renderClear, renderRuleset, validateTableName, validateT
  * Host-side egress policy for sandbox guests, enforced with nftables on each instance's tap.
  *
  * Wiring: the libvirt runtime names each instance's tap `tapFor(instanceId)` (contracts/host.ts, prefix "bct"),
- * and the agent's converge loop calls `Egress.apply` with a map tap → the spec's `network` for every instance it
- * runs. A tap that exists but is not in the map yet (the domain started before the next apply) is dropped whole
- * by a backstop rule, so a guest is never unpoliced between "its tap appeared" and "we classified it".
+ * and the agent's converge pass (agent/converge.ts) calls `Egress.apply` with a map tap → the spec's `network` for
+ * every instance whose policy the ruleset can hold (one it cannot is that instance's refusal). A tap that is not
+ * in the map (the domain started before the next apply, or its policy refused) is dropped whole by a backstop
+ * rule, so a guest is never unpoliced between "its tap appeared" and "we classified it".
  *
  * Design: the note's Policy B (shared/notes/guest-agent-and-nftables.md §2), "tag in the bridge, enforce in inet".
  * Measured on this kernel: only the bridge family sees the tap's name (inet sees "br0"), and the bridge family has

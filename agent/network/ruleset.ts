@@ -1,10 +1,11 @@
+import type { z } from "zod";
+import { parseCidr } from "../../contracts/egress.ts";
 import { type EgressRule, type NetworkPolicy, networkPolicy } from "../../contracts/host.ts";
-import { parseCidr } from "./cidr.ts";
 
 /**
  * The egress ruleset as one `nft -f` script (pure; see egress.ts for the design and why). Everything a caller
  * passes is validated or re-printed from parsed values before it reaches the text: tap names against a strict
- * pattern, addresses through parseCidr, ports and protocols through the contract's schema.
+ * pattern, addresses through the contract's parseCidr (contracts/egress.ts), ports and protocols through its schema.
  */
 
 export interface RenderOptions {
@@ -39,11 +40,25 @@ export function validateTapPrefix(prefix: string): string {
   return prefix;
 }
 
+/** Why the ruleset cannot hold a tap of this name, or null. */
+export const tapRefusal = (tap: unknown): string | null => (typeof tap === "string" && TAP_NAME.test(tap) ? null : `bad tap name ${JSON.stringify(tap)}`);
+
+/** Why the ruleset cannot hold this policy, or null: renderRuleset refuses exactly these (one tap's, not the host's). */
+export function policyRefusal(policy: unknown): string | null {
+  const parsed = networkPolicy.safeParse(policy);
+  return parsed.success ? null : issues(parsed.error);
+}
+
+const issues = (e: z.ZodError) => e.issues.map((i) => `${["policy", ...i.path.map(String)].join(".")}: ${i.message}`).join("; ");
+
 /** One nft rule (without the verdict) per allowlist entry; deduplicated and sorted so equal policies render equally. */
 function allowRules(allow: readonly EgressRule[]): string[] {
   const lines = new Set<string>();
   for (const r of allow) {
-    const { family, text } = parseCidr(r.cidr);
+    // The schema already ran the same parser; this only turns its text into nft's.
+    const cidr = parseCidr(r.cidr);
+    if (!cidr) throw new Error(`egress: not a CIDR: ${JSON.stringify(r.cidr)}`);
+    const { family, text } = cidr;
     const dst = family === 4 ? `ip daddr ${text}` : `ip6 daddr ${text}`;
     // proto and port come from the schema's enum and integer range; printed from those, never from raw text.
     const proto = r.proto === "tcp" ? "tcp" : "udp";
@@ -70,11 +85,12 @@ export function renderRuleset(policies: ReadonlyMap<string, NetworkPolicy>, opts
   const allowMap: string[] = [];
   const allowChains: string[] = [];
   taps.forEach((tap, i) => {
-    if (typeof tap !== "string" || !TAP_NAME.test(tap)) throw new Error(`egress: bad tap name ${JSON.stringify(tap)}`);
+    const badTap = tapRefusal(tap);
+    if (badTap) throw new Error(`egress: ${badTap}`);
     // A listed tap outside the prefix would silently go unpoliced (the chains accept such interfaces first).
     if (!tap.startsWith(prefix)) throw new Error(`egress: tap ${tap} does not start with the tap prefix ${prefix}`);
     const parsed = networkPolicy.safeParse(policies.get(tap));
-    if (!parsed.success) throw new Error(`egress: bad policy for ${tap}: ${parsed.error.message}`);
+    if (!parsed.success) throw new Error(`egress: bad policy for ${tap}: ${issues(parsed.error)}`);
     const policy = parsed.data;
     const mark = (MARK_OURS | CLASS[policy.egress] | (i + 1)) >>> 0;
     marks.push(`"${tap}" : ${hex(mark)}`);

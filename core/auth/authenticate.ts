@@ -10,7 +10,7 @@ import { OPERATOR_IDENTITY } from "./tokens.ts";
  * operator token (configuration), a node credential (`bcn_…`, a host agent acting for its node) and API tokens.
  */
 export async function authenticate(sql: Sql, bearer: string, operatorToken: string | undefined, now: Date): Promise<Principal | null> {
-  if (operatorToken && constantTimeEqual(bearer, operatorToken)) {
+  if (isOperatorToken(bearer, operatorToken)) {
     return { identityId: OPERATOR_IDENTITY, tenantId: null, operator: true, scopes: new Set<Scope>(tenantScopes) };
   }
   if (bearer.startsWith("bcn_")) {
@@ -48,6 +48,11 @@ export async function authenticate(sql: Sql, bearer: string, operatorToken: stri
     scopes: new Set(tok.scopes.filter(isScope)),
     credential: { key: `tok:${tok.id}`, expiresAt: tok.expiresAt },
   };
+}
+
+/** Whether `bearer` is the bootstrap operator token (compared in constant time). */
+export function isOperatorToken(bearer: string, operatorToken: string | undefined): boolean {
+  return !!operatorToken && constantTimeEqual(bearer, operatorToken);
 }
 
 function constantTimeEqual(a: string, b: string): boolean {

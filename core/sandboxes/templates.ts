@@ -1,4 +1,5 @@
 import { z } from "zod";
+import { allowEntry } from "../../contracts/egress.ts";
 import { AppError, invalid, notFound } from "../../contracts/errors.ts";
 import type { NetworkPolicy } from "../../contracts/host.ts";
 import { type Principal, visibleTo } from "../auth/principal.ts";
@@ -46,23 +47,9 @@ export const TEMPLATE_COLUMNS = `id, tenant_id AS "tenantId", name, version, poo
 export const WARM_RESOURCE = "sandbox_warm";
 const MAX_TTL = 7 * 24 * 3600;
 
-/** `CIDR:PORT/PROTO`, PORT a number or `*` (every port). */
-const allowRule = z
-  .string()
-  .regex(/^(\d{1,3}(?:\.\d{1,3}){3})\/(\d{1,2}):(\d{1,5}|\*)\/(tcp|udp)$/, 'a rule is "CIDR:PORT/PROTO", e.g. "10.0.0.0/8:443/tcp" or "1.1.1.1/32:*/udp"')
-  .transform((s, ctx) => {
-    const [, ip, bits, port, proto] = /^(.+)\/(\d+):(.+)\/(tcp|udp)$/.exec(s) as RegExpExecArray;
-    const octets = (ip as string).split(".").map(Number);
-    const p = port === "*" ? null : Number(port);
-    if (octets.some((o) => o > 255) || Number(bits) > 32 || (p !== null && (p < 1 || p > 65535))) {
-      ctx.addIssue({ code: "custom", message: `${s} is not a valid CIDR and port` });
-      return z.NEVER;
-    }
-    return { cidr: `${ip}/${bits}`, port: p, proto: proto as "tcp" | "udp" };
-  });
-
 const network = z
-  .object({ egress: z.enum(["none", "allowlist", "all"]), allow: z.array(allowRule).max(256).nullish() })
+  // Entries are stored in their canonical form (contracts/egress.ts), the one every host's ruleset accepts.
+  .object({ egress: z.enum(["none", "allowlist", "all"]), allow: z.array(allowEntry).max(256).nullish() })
   .transform((n) => ({ egress: n.egress, allow: n.egress === "allowlist" ? (n.allow ?? []) : [] }));
 
 const envVar = z.object({

@@ -119,6 +119,8 @@ export class PveApi {
       });
       text = await res.text();
     } catch (e) {
+      // The deployment's fetch refused the endpoint (infra/provider-fetch.ts): its verdict stands.
+      if (e instanceof ProviderError) throw e;
       // Node's fetch errors name the URL and cause, never our headers; still, only their kind is passed on.
       const name = e instanceof Error ? e.name : "error";
       const why = name === "TimeoutError" || name === "AbortError" ? `no answer within ${this.timeoutMs} ms` : `network error (${causeCode(e)})`;

@@ -3,15 +3,30 @@ import { GraphQLError } from "graphql";
 import type { Plugin } from "graphql-yoga";
 import type { Config } from "../../infra/config.ts";
 import type { Platform } from "../../infra/platform.ts";
+import { AuthFailures } from "./auth-failures.ts";
 import { documentLimits } from "./document.ts";
+import { type LiveLimits, liveLimits } from "./live.ts";
 import { openRates } from "./rates.ts";
 import { requestLimits } from "./request.ts";
 
+export interface Limits {
+  /** For yoga: the document's shape, then the request as it will run. */
+  plugins: Plugin[];
+  /** For websockets: connections and subscriptions. */
+  live: LiveLimits;
+  /** Unknown tokens per source address. */
+  authFailures: AuthFailures;
+  close(): Promise<void>;
+}
+
 /** Everything that bounds what one request, and one caller, may cost (docs/architecture.md, Limits). */
-export async function openLimits(platform: Platform): Promise<{ plugins: Plugin[]; close(): Promise<void> }> {
+export async function openLimits(platform: Platform): Promise<Limits> {
+  const { limits } = platform.config;
   const rates = await openRates(platform.config);
   return {
-    plugins: [...documentLimits(platform.config.limits, { dev: platform.dev }), requestLimits(platform, rates) as Plugin],
+    plugins: [...documentLimits(limits, { dev: platform.dev }), requestLimits(platform, rates) as Plugin],
+    live: liveLimits(platform, rates),
+    authFailures: new AuthFailures(limits.authFailures, limits.rateWindowSeconds * 1000),
     close: () => rates.close(),
   };
 }

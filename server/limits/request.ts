@@ -14,62 +14,91 @@ import {
   visitWithTypeInfo,
 } from "graphql";
 import type { Plugin } from "graphql-yoga";
+import type { Principal } from "../../core/auth/principal.ts";
 import type { Platform } from "../../infra/platform.ts";
 import type { Context } from "../context.ts";
 import { onceFor } from "../memo.ts";
 import { limitError } from "./document.ts";
 import type { Rates } from "./rates.ts";
 
-/**
- * Limits that depend on the request as it will run — its variables and who sends it — checked just before
- * execution, over HTTP and websockets alike: the cost budget, mutations per request and the caller's rate.
- * Then the request's database work is put in its lane: host work as it is, everything else as its caller's
- * share of the API lane (infra/db/lanes.ts).
- */
-
 /** The one operation an agent sends before it has a node credential: it is host work too. */
 const HOST_FIELDS = new Set(["joinNode"]);
 /** Budget points a request spends: 1, and 1 more per 1,000 of its cost. */
-const COST_PER_POINT = 1000;
+export const COST_PER_POINT = 1000;
+export const pointsFor = (cost: number) => 1 + Math.floor(cost / COST_PER_POINT);
 
 type RequestContext = Context & { req?: IncomingMessage; request?: Request };
 
-export function requestLimits(platform: Platform, rates: Rates): Plugin<RequestContext> {
+/** An operation let through: what it costs, whose budget it spent (null: a host's), and the lane it runs on. */
+export interface Admitted {
+  cost: number;
+  caller: string | null;
+  platform: Platform;
+}
+
+/**
+ * The checks every operation passes before it runs, over HTTP and websockets, subscriptions included: mutations
+ * per request, the cost budget, and the caller's rate (1 point, and 1 more per 1,000 of cost). Null when the
+ * document holds no single operation to run (execution itself says why).
+ */
+export async function admitOperation(platform: Platform, rates: Rates, args: ExecutionArgs, http: boolean): Promise<GraphQLError | Admitted | null> {
   const { limits } = platform.config;
+  const ctx = args.contextValue as RequestContext;
+  const op = getOperationAST(args.document, args.operationName);
+  if (!op) return null;
+  const fields = rootFields(args.document, op.selectionSet).filter((f) => !f.startsWith("__"));
+  if (op.operation === "mutation" && fields.length > limits.mutations) {
+    return limitError(`${fields.length} mutations in one request; at most ${limits.mutations}`, "mutations");
+  }
+  const cost = costOf(args);
+  if (cost > limits.cost) {
+    return limitError(`this request costs ${cost}, over the budget of ${limits.cost}: ask for fewer items (first) or fewer fields`, "cost");
+  }
+  // Host credentials answer to no tenant's budget: their traffic is what the platform runs on.
+  if (ctx.principal?.nodeId) return { cost, caller: null, platform };
+  const caller = callerOf(ctx);
+  const over = await rates.take(caller, pointsFor(cost));
+  if (over) return rateLimited(over.retryAfterMs, limits, http);
+  if (!ctx.principal && fields.every((f) => HOST_FIELDS.has(f))) return { cost, caller: null, platform };
+  return { cost, caller, platform: platform.api(caller) };
+}
+
+/**
+ * Limits that depend on the request as it will run — its variables and who sends it — checked just before
+ * execution (admitOperation). Then the request's database work is put in its lane: host work as it is,
+ * everything else as its caller's share of the API lane (infra/db/lanes.ts). Subscriptions do not pass through
+ * here (they skip the executor: server/live/execute.ts); server/limits/live.ts admits them the same way.
+ */
+export function requestLimits(platform: Platform, rates: Rates): Plugin<RequestContext> {
   return {
     onExecute: async ({ args, extendContext, setResultAndStopExecution }) => {
-      const ctx = args.contextValue;
-      const op = getOperationAST(args.document, args.operationName);
-      // No single operation to run: execution itself says why.
-      if (!op) return;
-      const refuse = (error: GraphQLError) => setResultAndStopExecution({ errors: [error] });
-      const fields = rootFields(args.document, op.selectionSet).filter((f) => !f.startsWith("__"));
-      if (op.operation === "mutation" && fields.length > limits.mutations) {
-        return refuse(limitError(`${fields.length} mutations in one request; at most ${limits.mutations}`, "mutations"));
+      const admitted = await admitOperation(platform, rates, args, Boolean(args.contextValue.request));
+      if (admitted instanceof GraphQLError) {
+        holdRefused(args.contextValue, admitted);
+        return setResultAndStopExecution({ errors: [admitted] });
       }
-      const cost = costOf(args);
-      if (cost > limits.cost) {
-        return refuse(limitError(`this request costs ${cost}, over the budget of ${limits.cost}: ask for fewer items (first) or fewer fields`, "cost"));
-      }
-      // Host credentials answer to no tenant's budget: their traffic is what the platform runs on.
-      if (ctx.principal?.nodeId) return;
-      const caller = callerOf(ctx);
-      const over = await rates.take(caller, 1 + Math.floor(cost / COST_PER_POINT));
-      if (over) return refuse(rateLimited(over.retryAfterMs, limits, Boolean(ctx.request)));
-      if (!ctx.principal && fields.every((f) => HOST_FIELDS.has(f))) return;
-      extendContext({ platform: platform.api(caller) });
+      if (admitted && admitted.platform !== platform) extendContext({ platform: admitted.platform });
     },
   };
 }
 
-/** Whose budget a request spends: its credential's, the bootstrap operator's, or (anonymous) its address's. */
-export function callerOf(ctx: RequestContext): string {
-  const p = ctx.principal;
-  if (p) return p.credential?.key ?? `identity:${p.identityId}`;
-  return `addr:${ctx.req?.socket.remoteAddress ?? "unknown"}`;
+/** Over a websocket, a request refused for its rate leaves its socket unread until it may ask again (LiveConnection.hold). */
+export function holdRefused(ctx: Context, error: GraphQLError): void {
+  const retryAfterMs = error.extensions?.retryAfterMs;
+  if (error.extensions?.code === "RATE_LIMITED" && typeof retryAfterMs === "number") ctx.live?.conn.hold(retryAfterMs);
 }
 
-function rateLimited(retryAfterMs: number, limits: Platform["config"]["limits"], http: boolean): GraphQLError {
+/** Whose budget a request spends: its credential's, the bootstrap operator's, or (anonymous) its address's. */
+export function callerOf(ctx: RequestContext): string {
+  return callerKey(ctx.principal, ctx.req?.socket.remoteAddress);
+}
+
+export function callerKey(p: Principal | null | undefined, address: string | undefined): string {
+  if (p) return p.credential?.key ?? `identity:${p.identityId}`;
+  return `addr:${address ?? "unknown"}`;
+}
+
+export function rateLimited(retryAfterMs: number, limits: Platform["config"]["limits"], http: boolean): GraphQLError {
   const seconds = Math.ceil(retryAfterMs / 1000);
   return new GraphQLError(
     `rate limited: this credential spent its ${limits.ratePoints} points of ${limits.rateWindowSeconds} s (a request costs 1 point, and 1 more per ${COST_PER_POINT} of its cost); retry in ${seconds} s (the server's limits.ratePoints)`,

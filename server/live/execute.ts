@@ -45,7 +45,7 @@ export async function subscribeShared(
   }
   const key = `${doc}\u0000${args.operationName ?? ""}\u0000${JSON.stringify(args.variableValues ?? {})}\u0000${identity}`;
   // Set before the source exists: the subscription's field hands it to the hub when it starts its stream.
-  const live = (args.contextValue as { live?: { operationId?: string; frames?: Frames } } | undefined)?.live;
+  const live = (args.contextValue as { live?: { operationId?: string; frames?: Frames; complete?: () => void } } | undefined)?.live;
   let over = false;
   if (live?.operationId !== undefined) {
     const head = `{"id":${JSON.stringify(live.operationId)},"type":"next","payload":`;
@@ -56,7 +56,10 @@ export async function subscribeShared(
     };
   }
   const source = await createSourceEventStream(args);
-  if (!(Symbol.asyncIterator in source)) return mask(source as ExecutionResult);
+  if (!(Symbol.asyncIterator in source)) {
+    live?.complete?.();
+    return mask(source as ExecutionResult);
+  }
   open.count++;
   let released = false;
   const release = () => {
@@ -70,8 +73,10 @@ export async function subscribeShared(
     return onceFor(shared, event, key, () => Promise.resolve(execute({ ...args, rootValue: event })).then(mask));
   };
   const finish = () => {
-    // No frame after this: graphql-ws has forgotten the id (the client completed it, or it ended).
+    // No frame after this: graphql-ws has forgotten the id (the client completed it, or it ended). The source
+    // stops on the operation's signal, since its return() may wait behind a next() that never settles.
     over = true;
+    live?.complete?.();
     const done = events.return?.();
     if (done) done.then(release, release);
     else release();
@@ -81,6 +86,7 @@ export async function subscribeShared(
       const r = await events.next();
       if (r.done) {
         over = true;
+        live?.complete?.();
         release();
       }
       return r.done ? r : { done: false, value: await resolve(r.value) };

@@ -1,6 +1,7 @@
 import type { Principal } from "../../core/auth/principal.ts";
 import { eventsHorizon } from "../../core/books/retention.ts";
 import { type EventFilter, headPosition, readEvents, type WatchedEvent } from "../../core/instances/events.ts";
+import type { Sql } from "../../core/kernel/db.ts";
 import type { Platform } from "../../infra/platform.ts";
 import type { Frames } from "./execute.ts";
 import { EventFeed, type Sink } from "./feed.ts";
@@ -18,9 +19,19 @@ export const CloseCode = {
   unauthorized: 4401,
   /** The server failed to turn an event into a message (a bug): reconnect and resume. */
   internalError: 1011,
-  /** The server could not check the credential (its database is unreachable): retry later. */
+  /** The server could not check the credential (its database is unreachable), or not now: retry later. */
   tryAgainLater: 1013,
+  /** The credential holds as many connections as it may (limits.connectionsPerCaller): close one first. */
+  tooMany: 4429,
 } as const;
+
+/** A close frame's reason holds at most 123 bytes (RFC 6455); ws throws on a longer one. */
+export function closeReason(text: string): string {
+  const bytes = Buffer.from(text);
+  if (bytes.length <= 123) return text;
+  // Cut on a character boundary: a partial UTF-8 sequence at the end would make the frame invalid.
+  return new TextDecoder().decode(bytes.subarray(0, 120)).replace(/\uFFFD$/, "") + "...";
+}
 
 /** What the hub needs of a websocket (the `ws` library's). */
 export interface Socket {
@@ -28,7 +39,13 @@ export interface Socket {
   /** `done` is called once the frame is handed to the kernel (or failed to be). */
   send(frame: string, done: (err?: Error) => void): void;
   readonly readyState: number;
+  /** Stop and start reading what the peer sends (the `ws` library's; absent in tests' stand-ins). */
+  pause?(): void;
+  resume?(): void;
 }
+
+/** The longest a refused connection is left unread: well under the keepalive, whose pong it would not read meanwhile. */
+const MAX_HOLD_MS = 5000;
 
 /** WebSocket readyState OPEN. */
 const OPEN = 1;
@@ -36,11 +53,42 @@ const OPEN = 1;
 /** Catch-up pages while a subscriber replays from its cursor: paced by the subscriber, so never counted as backlog. */
 const PAGE = 500;
 
+export interface WatchOptions {
+  /** Write the live tail straight to the socket as these frames. */
+  frames?: Frames | undefined;
+  replay?: Replay | undefined;
+  /** The subscription's own end (LiveConnection.operation). */
+  signal?: AbortSignal | undefined;
+}
+
+/** How a connection's operations are counted (server/limits/live.ts caps them per connection and per caller). */
+export interface ConnectionInfo {
+  /** Whose budget its operations spend (server/limits/request.ts, callerKey); null for a host's. */
+  caller: string | null;
+  /** Operations open on the socket now, as graphql-ws counts them. */
+  operations: () => number;
+}
+
+/**
+ * How a subscription's replay is read and paid for: on its caller's lane, a page at a time, each page paid for
+ * like a query of that many items before it is sent (server/limits/live.ts). Without it (tests, tools), pages
+ * of PAGE on the hub's own platform.
+ */
+export interface Replay {
+  read<T>(fn: (sql: Sql) => Promise<T>): Promise<T>;
+  page: number;
+  /** Resolves once `events` are paid for (waiting out the caller's rate limit), or once the connection has ended. */
+  pay(events: number): Promise<void>;
+}
+
 /** One websocket: who it speaks for, and the backlog of all its subscriptions together. */
 export class LiveConnection {
   queued = 0;
   readonly streams = new Set<EventStream>();
+  /** One per open subscription: aborted when it completes, or when the connection ends. */
+  private readonly operations = new Set<AbortController>();
   private expiry: NodeJS.Timeout | undefined;
+  private holding: NodeJS.Timeout | undefined;
   private readonly ending = new AbortController();
   ended = false;
 
@@ -50,6 +98,7 @@ export class LiveConnection {
     /** The bearer, kept to re-check it (a revocation message can be lost). */
     readonly bearer: string | null,
     private readonly hub: LiveHub,
+    readonly info: ConnectionInfo = { caller: null, operations: () => 0 },
   ) {
     const at = principal?.credential?.expiresAt;
     // Timers hold at most ~24 days; a later expiry is caught by the periodic re-check.
@@ -62,6 +111,42 @@ export class LiveConnection {
   /** Aborted when the connection ends: streams that wait on something else (a node's bus channel) stop on it. */
   get signal(): AbortSignal {
     return this.ending.signal;
+  }
+
+  /**
+   * A subscription's own end, as a signal its source stops on. An async generator's `return()` waits behind its
+   * pending `next()`, which for a quiet instance may never settle: a source completed by its client, left to
+   * that, would stay attached to the feed until the connection ended. Call the returned `complete` when it ends.
+   */
+  operation(): { signal: AbortSignal; complete: () => void } {
+    const op = new AbortController();
+    if (this.ended) op.abort();
+    else this.operations.add(op);
+    return {
+      signal: op.signal,
+      complete: () => {
+        this.operations.delete(op);
+        op.abort();
+      },
+    };
+  }
+
+  /**
+   * Read nothing more from the socket for `ms` (at most MAX_HOLD_MS): a client refused for its rate, that asks
+   * again at once, would otherwise keep the server busy refusing it. Over HTTP each attempt costs the client a
+   * request; over a websocket it costs one message, so the socket itself is made to wait.
+   */
+  hold(ms: number): void {
+    if (this.ended || this.holding || !this.socket.pause) return;
+    this.socket.pause();
+    this.holding = setTimeout(
+      () => {
+        this.holding = undefined;
+        if (!this.ended) this.socket.resume?.();
+      },
+      Math.min(Math.max(ms, 0), MAX_HOLD_MS),
+    );
+    this.holding.unref();
   }
 
   /** The client went away (or graphql-ws closed it): stop its streams, keep no record of it. */
@@ -78,15 +163,18 @@ export class LiveConnection {
     if (this.ended) return;
     this.ended = true;
     clearTimeout(this.expiry);
+    clearTimeout(this.holding);
     this.hub.forget(this, close?.code);
     if (close) {
       try {
-        this.socket.close(close.code, close.reason);
+        this.socket.close(close.code, closeReason(close.reason));
       } catch {
         // already closed
       }
     }
     for (const s of this.streams) s.end();
+    for (const op of this.operations) op.abort();
+    this.operations.clear();
     this.ending.abort();
   }
 }
@@ -214,6 +302,8 @@ const RECENT_REVOCATIONS = 1024;
  */
 export class LiveHub {
   readonly connections = new Set<LiveConnection>();
+  /** Connections by caller, for the caps on what one caller may hold open. */
+  private readonly byCaller = new Map<string, Set<LiveConnection>>();
   readonly closedBy = new Map<number, number>();
   private revocations: AsyncIterator<{ key: string }> | undefined;
   private listening: Promise<void> | undefined;
@@ -240,16 +330,37 @@ export class LiveHub {
     return hub;
   }
 
-  connect(socket: Socket, principal: Principal | null, bearer: string | null): LiveConnection {
-    const conn = new LiveConnection(socket, principal, bearer, this);
+  connect(socket: Socket, principal: Principal | null, bearer: string | null, info?: ConnectionInfo): LiveConnection {
+    const conn = new LiveConnection(socket, principal, bearer, this, info);
     this.connections.add(conn);
+    const caller = conn.info.caller;
+    if (caller !== null) {
+      const same = this.byCaller.get(caller);
+      if (same) same.add(conn);
+      else this.byCaller.set(caller, new Set([conn]));
+    }
     return conn;
   }
 
   /** Called when a connection ends, however it ends. */
   forget(conn: LiveConnection, code?: number): void {
     if (!this.connections.delete(conn)) return;
+    const caller = conn.info.caller;
+    const same = caller === null ? undefined : this.byCaller.get(caller);
+    if (same?.delete(conn) && same.size === 0) this.byCaller.delete(caller as string);
     if (code !== undefined) this.closedBy.set(code, (this.closedBy.get(code) ?? 0) + 1);
+  }
+
+  /** Connections `caller` holds open on this server. */
+  connectionsOf(caller: string): number {
+    return this.byCaller.get(caller)?.size ?? 0;
+  }
+
+  /** Operations `caller` has open on this server, over all its connections (bounded by the cap on connections). */
+  operationsOf(caller: string): number {
+    let n = 0;
+    for (const c of this.byCaller.get(caller) ?? []) n += c.info.operations();
+    return n;
   }
 
   subscriptions(): number {
@@ -264,27 +375,34 @@ export class LiveHub {
    * repeated between the two. Without a cursor it starts at the head: changes from now on. With `frames`, the
    * live tail is written to the socket as it comes and this generator yields only the replay.
    */
-  async *watch(conn: LiveConnection, filter: EventFilter, after: bigint | null, frames?: Frames): AsyncGenerator<WatchedEvent> {
+  async *watch(conn: LiveConnection, filter: EventFilter, after: bigint | null, opts: WatchOptions = {}): AsyncGenerator<WatchedEvent> {
+    const { frames, replay, signal } = opts;
     const stream = new EventStream(filter, conn, this.platform.config.live.bufferEvents);
     conn.streams.add(stream);
+    const stop = () => stream.end();
+    signal?.addEventListener("abort", stop, { once: true });
+    if (signal?.aborted) stream.end();
+    const read: Replay["read"] = replay ? (fn) => replay.read(fn) : (fn) => this.platform.read(fn);
+    const size = replay?.page ?? PAGE;
     try {
       let last = after ?? this.feed.head;
       while (last < this.feed.head) {
         const target = this.feed.head;
         const from = last;
-        const page = await this.platform.read((sql) => readEvents(sql, filter, from, target, PAGE));
+        const page = await read((sql) => readEvents(sql, filter, from, target, size));
         // Retention may have deleted events after the cursor before this page was read (a resume, not "0", which
         // asks for whatever is kept): the client comes back with its cursor and is told to start from now.
-        if (after !== null && after > 0n && (await this.platform.read(eventsHorizon)) > from) {
+        if (after !== null && after > 0n && (await read(eventsHorizon)) > from) {
           conn.end(CloseCode.slowConsumer, "events after the cursor were pruned while it replayed");
           return;
         }
+        if (page.length && replay) await replay.pay(page.length);
         for (const e of page) {
           if (stream.ended) return;
           yield e;
           last = e.position;
         }
-        if (page.length < PAGE) last = target;
+        if (page.length < size) last = target;
       }
       if (stream.ended) return;
       // A cursor can be ahead of this server's feed (it came from a replica that read further): the feed
@@ -296,6 +414,7 @@ export class LiveHub {
       this.feed.attach(stream);
       yield* stream;
     } finally {
+      signal?.removeEventListener("abort", stop);
       this.feed.detach(stream);
       stream.end();
       conn.streams.delete(stream);
@@ -303,8 +422,8 @@ export class LiveHub {
   }
 
   /** Whether no committed event has reached this cursor yet (the feed may lag: the table has the last word). */
-  async isAhead(cursor: bigint): Promise<boolean> {
-    return cursor > this.feed.head && cursor > (await this.platform.read(headPosition));
+  async isAhead(cursor: bigint, read: Replay["read"] = (fn) => this.platform.read(fn)): Promise<boolean> {
+    return cursor > this.feed.head && cursor > (await read(headPosition));
   }
 
   revoke(key: string): void {

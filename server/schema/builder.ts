@@ -26,15 +26,27 @@ builder.subscriptionType({});
 /**
  * RFC 3339 with a four-digit year, as `toISOString` writes it. Wider forms (`+099999-01-01T…`) are valid for
  * JavaScript but not for PostgreSQL's drivers on the way back, and a value that cannot be read back must not be
- * written: it is refused here, before anything runs.
+ * written: it is refused here, before anything runs. So is a date that does not exist (February 30th, hour 24,
+ * month 13), which `Date` would roll over into another without a word.
  */
-const RFC3339 = /^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}(:\d{2}(\.\d{1,9})?)?(Z|[+-]\d{2}:\d{2})$/i;
+const RFC3339 = /^(\d{4})-(\d{2})-(\d{2})T(\d{2}):(\d{2})(?::(\d{2})(\.\d{1,9})?)?(?:Z|[+-](\d{2}):(\d{2}))$/i;
+
+const daysIn = (year: number, month: number) =>
+  month === 2 ? (year % 4 === 0 && (year % 100 !== 0 || year % 400 === 0) ? 29 : 28) : [4, 6, 9, 11].includes(month) ? 30 : 31;
+
+/** Each part within its range: the day in its month, the hour below 24, no leap second (Date has none). */
+function exists(m: RegExpExecArray): boolean {
+  const n = (i: number) => Number(m[i] ?? 0);
+  const [year, month, day] = [n(1), n(2), n(3)];
+  return year >= 1 && month >= 1 && month <= 12 && day >= 1 && day <= daysIn(year, month) && n(4) <= 23 && n(5) <= 59 && n(6) <= 59 && n(8) <= 23 && n(9) <= 59;
+}
 
 export function parseDateTime(v: unknown): Date {
-  const d = typeof v === "string" && RFC3339.test(v) ? new Date(v) : null;
+  const m = typeof v === "string" ? RFC3339.exec(v) : null;
+  const d = m && exists(m) ? new Date(v as string) : null;
   const year = d?.getUTCFullYear() ?? Number.NaN;
   if (!d || !(year >= 1 && year <= 9999)) {
-    throw new GraphQLError("DateTime must be an RFC 3339 string in the years 0001 to 9999, like 2030-01-01T00:00:00Z", {
+    throw new GraphQLError("DateTime must be an RFC 3339 string of a date that exists, in the years 0001 to 9999, like 2030-01-01T00:00:00Z", {
       extensions: { code: "INVALID_INPUT" },
     });
   }

@@ -43,7 +43,7 @@ export async function watch(ctx: Context, filter: EventFilter, after: string | n
   const from = after ? parseCursor(after) : null;
   // A cursor no event has reached (the database was restored from a backup, or the cursor is made up) would
   // silently skip every event up to it. The SDK answers this by subscribing again from now.
-  if (from !== null && (await ctx.live.hub.isAhead(from))) {
+  if (from !== null && (await ctx.live.hub.isAhead(from, (fn) => ctx.platform.read(fn)))) {
     throw new AppError("PRECONDITION_FAILED", `cursor ${after} is ahead of the newest event; subscribe again without one (from now) and re-read state`, {
       cursor: "ahead",
     });
@@ -57,7 +57,8 @@ export async function watch(ctx: Context, filter: EventFilter, after: string | n
       { cursor: "expired" },
     );
   }
-  return ctx.live.hub.watch(ctx.live.conn, filter, from, opts.asIs ? ctx.live.frames : undefined);
+  const { hub, conn, frames, replay, signal } = ctx.live;
+  return hub.watch(conn, filter, from, { frames: opts.asIs ? frames : undefined, replay, signal });
 }
 
 builder.queryFields((t) => ({

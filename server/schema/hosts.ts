@@ -114,7 +114,7 @@ builder.mutationFields((t) => ({
     resolve: (_r, { commandId, chunks }, ctx, info) => {
       const nodeId = requireNode(ctx.principal);
       const parsed = parseInput(z.array(execChunk).max(1000), chunks, "chunks");
-      return mutate(ctx, info, (w) => recordExecOutput(w, nodeId, String(commandId), parsed));
+      return mutate(ctx, info, (w) => recordExecOutput(w, nodeId, String(commandId), parsed, ctx.platform.config.sandboxes.execOutputBytes));
     },
   }),
   declareNodeGone: t.field({
@@ -149,7 +149,7 @@ async function* follow<T, C extends "nodeSpecs" | "hostCommands">(
   const seen = { dirty: false, ended: false, wake: null as (() => void) | null };
   // A quiet node's channel may stay silent for hours: the connection's end must stop the stream by itself.
   const stop = () => void changes.return?.();
-  ctx.live?.conn.signal.addEventListener("abort", stop, { once: true });
+  ctx.live?.signal.addEventListener("abort", stop, { once: true });
   const pump = (async () => {
     for await (const m of changes) {
       if (!news(m)) continue;
@@ -179,7 +179,7 @@ async function* follow<T, C extends "nodeSpecs" | "hostCommands">(
       yield await read();
     }
   } finally {
-    ctx.live?.conn.signal.removeEventListener("abort", stop);
+    ctx.live?.signal.removeEventListener("abort", stop);
     await changes.return?.();
     await pump;
   }

@@ -13,6 +13,7 @@ import {
   shownCredentials,
   smallestFitting,
 } from "../../core/pools/provider/accounts.ts";
+import { accountFences } from "../../infra/providers.ts";
 import { mutate } from "../context.ts";
 import { builder } from "./builder.ts";
 
@@ -129,7 +130,7 @@ builder.mutationFields((t) => ({
     args: { input: t.arg({ type: CreateProviderAccountInput, required: true }) },
     resolve: (_r, { input }, ctx, info) => {
       requireOperator(ctx.principal);
-      const deps = { providers: ctx.platform.config.vps.providers, sealer: ctx.platform.sealer };
+      const deps = { providers: ctx.platform.config.vps.providers, sealer: ctx.platform.sealer, fences: accountFences(ctx.platform.config) };
       return mutate(ctx, info, (w) => createProviderAccount(w, deps, input));
     },
   }),

@@ -1,4 +1,3 @@
-import { setTimeout as sleep } from "node:timers/promises";
 import { AppError } from "../../contracts/errors.ts";
 import { requireAuth, requireTenantScope } from "../../core/auth/principal.ts";
 import { cursorOf, type EventFilter, type WatchedEvent } from "../../core/instances/events.ts";
@@ -20,6 +19,7 @@ interface ExecOut {
   exitCode: number | null;
   signal: string | null;
   timedOut: boolean | null;
+  truncated: boolean | null;
 }
 const ExecOutput = builder.objectRef<ExecOut>("ExecOutput").implement({
   fields: (t) => ({
@@ -28,6 +28,10 @@ const ExecOutput = builder.objectRef<ExecOut>("ExecOutput").implement({
     exitCode: t.exposeInt("exitCode", { nullable: true, description: "EXIT: the command's exit code; null when a signal ended it." }),
     signal: t.exposeString("signal", { nullable: true }),
     timedOut: t.exposeBoolean("timedOut", { nullable: true, description: "EXIT: killed at its timeout." }),
+    truncated: t.exposeBoolean("truncated", {
+      nullable: true,
+      description: "EXIT: output past the server's sandboxes.execOutputBytes was dropped (a note on STDERR says where).",
+    }),
   }),
 });
 
@@ -39,30 +43,56 @@ const execCaller = (ctx: Context) =>
 
 async function* execStream(ctx: Context, commandId: string): AsyncGenerator<ExecOut> {
   const wake = ctx.platform.bus.subscribe("execOutput", commandId);
-  const signal = ctx.live?.conn.signal;
+  const signal = ctx.live?.signal;
   let seq = -1;
+  let woken: Promise<unknown> | null = null;
   try {
     for (;;) {
       const p = await ctx.platform.read((sql) => readExec(sql, commandId, seq, ctx.platform.now()));
       for (const c of p.chunks) {
         seq = c.seq;
-        yield { stream: c.stream === "stdout" ? "STDOUT" : "STDERR", data: c.data, exitCode: null, signal: null, timedOut: null };
+        yield { stream: c.stream === "stdout" ? "STDOUT" : "STDERR", data: c.data, exitCode: null, signal: null, timedOut: null, truncated: null };
       }
       if (p.end) {
         // Thrown mid-stream, so past yoga's error mapping: a GraphQLError carries its code to the client itself.
         if (p.end.error && /guest agent/i.test(p.end.error)) throw toClientError(new AppError("UNSUPPORTED", p.end.error), ctx.log, ctx.requestId);
         const r = p.end.result;
-        yield { stream: "EXIT", data: p.end.error, exitCode: r?.exitCode ?? null, signal: r?.signal ?? null, timedOut: r?.timedOut ?? null };
+        yield {
+          stream: "EXIT",
+          data: p.end.error,
+          exitCode: r?.exitCode ?? null,
+          signal: r?.signal ?? null,
+          timedOut: r?.timedOut ?? null,
+          truncated: p.end.truncated,
+        };
         return;
       }
       if (p.chunks.length) continue;
       if (signal?.aborted) return;
-      // The bus says "look"; the timer covers a lost message.
-      await Promise.race([wake.next(), sleep(500, undefined, signal ? { signal } : {}).catch(() => {})]);
+      // The bus says "look"; the timer covers a lost message. One look at the bus is kept across waits, and each
+      // wait takes its timer and its listener away with it, so a chatty exec leaves nothing behind per chunk.
+      woken ??= wake.next().finally(() => {
+        woken = null;
+      });
+      await wakeOrTimeout(woken, 500, signal);
     }
   } finally {
     await wake.return?.();
   }
+}
+
+/** Resolves when `woken` settles, `ms` pass or `signal` aborts, whichever is first. */
+function wakeOrTimeout(woken: Promise<unknown>, ms: number, signal: AbortSignal | undefined): Promise<void> {
+  return new Promise<void>((resolve) => {
+    const done = () => {
+      clearTimeout(timer);
+      signal?.removeEventListener("abort", done);
+      resolve();
+    };
+    const timer = setTimeout(done, ms);
+    signal?.addEventListener("abort", done, { once: true });
+    woken.then(done, done);
+  });
 }
 
 interface SandboxEventRow {
@@ -105,6 +135,9 @@ async function sandboxEvents(ctx: Context, sandboxId: string | null, after: stri
 builder.subscriptionFields((t) => ({
   sandboxExec: t.field({
     type: ExecOutput,
+    // An exec starts a process on a host and stores what it prints: it costs the caller's budget like a query of a
+    // couple of thousand rows (3 points of the rate limit), not like the few fields it selects.
+    complexity: 2000,
     description: "Run a command in a running sandbox: STDOUT and STDERR pieces in order as they come, then one EXIT with its exit code.",
     args: {
       sandboxId: t.arg.id({ required: true }),
@@ -116,12 +149,18 @@ builder.subscriptionFields((t) => ({
     subscribe: async (_r, a, ctx) => {
       const who = execCaller(ctx);
       const { commandId } = await ctx.platform.write({ actor: who.identityId, requestId: ctx.requestId, action: "sandboxExec" }, (w) =>
-        requestExec(w, who, String(a.sandboxId), {
-          command: a.command,
-          env: Object.fromEntries((a.env ?? []).map((e) => [e.name, e.value])),
-          stdin: a.stdin ?? null,
-          timeoutSeconds: a.timeoutSeconds ?? null,
-        }),
+        requestExec(
+          w,
+          who,
+          String(a.sandboxId),
+          {
+            command: a.command,
+            env: Object.fromEntries((a.env ?? []).map((e) => [e.name, e.value])),
+            stdin: a.stdin ?? null,
+            timeoutSeconds: a.timeoutSeconds ?? null,
+          },
+          ctx.platform.config.sandboxes,
+        ),
       );
       return execStream(ctx, commandId);
     },

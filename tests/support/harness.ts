@@ -50,6 +50,12 @@ export interface HostedPoolOpts {
 
 const rnd = () => randomBytes(6).toString("hex");
 
+/**
+ * What tests allow beyond a deployment's defaults: provider emulators answer plain http on 127.0.0.1, and
+ * tests name credential variables freely. A test of the defaults passes these as "" (unset).
+ */
+export const testAllowances = { PROVIDER_ENDPOINT_HTTP: "true", PROVIDER_ENDPOINT_ALLOW: "127.0.0.1/32", PROVIDER_SECRET_ENV_PREFIX: "" };
+
 /** A whole platform on a database and Redis prefix of its own, served on an ephemeral port. */
 export async function startHarness(env: Record<string, string> = {}, opts: { now?: () => Date; log?: Logger } = {}): Promise<Harness> {
   const db = await cloneDatabase();
@@ -66,6 +72,7 @@ export async function startHarness(env: Record<string, string> = {}, opts: { now
       LOG_LEVEL: process.env.TEST_LOG_LEVEL ?? "silent",
       // Tests drive the API from one credential as fast as the machine goes; the rate limit has tests of its own.
       LIMIT_RATE_POINTS: "1000000",
+      ...testAllowances,
       // An empty value unsets: `REDIS_URL: ""` runs the embedded in-memory bus and jobs on this database.
       ...Object.fromEntries(Object.entries(env).map(([k, v]) => [k, v === "" ? undefined : v])),
     },

@@ -11,7 +11,7 @@ import {
   ProviderOffersDocument,
 } from "../../sdk/client.ts";
 import { until } from "./fixtures.ts";
-import type { Harness } from "./harness.ts";
+import { type Harness, testAllowances } from "./harness.ts";
 
 /** Every provider plugin and its emulator: the conformance suite runs each case against each. */
 export const emulators: Record<string, (o: { actionMs: number }) => Promise<ProviderEmulator>> = {
@@ -21,6 +21,8 @@ export const emulators: Record<string, (o: { actionMs: number }) => Promise<Prov
 
 /** Timing for provider tests: quick polls and sweeps, a short orphan grace. */
 export const providerEnv = {
+  // Processes started apart from the harness (tests/e2e, tests/faults) take the emulators' allowance from here.
+  ...testAllowances,
   PROVIDERS: Object.keys(emulators).join(","),
   PROVIDER_POLL_MIN_MS: "20",
   PROVIDER_POLL_MAX_MS: "200",

@@ -7,6 +7,7 @@ import { clearFailures, crashDomain, createFakeRuntime, injectFailure, setDomain
 import { RuntimeError } from "../../agent/runtimes/runtime.ts";
 import { type InstanceSpec, instanceSpec } from "../../contracts/host.ts";
 import { until } from "../support/fixtures.ts";
+import { processesIn } from "../support/pidns.ts";
 
 const key = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIB1Xq0mWdJ9e3S0k alice@laptop";
 const userData = "#!/bin/sh\necho hello from user data > /tmp/hello\n";
@@ -458,14 +459,6 @@ describe("fake runtime exec", () => {
     });
     return { result, ...out };
   }
-  // A zombie is dead for our purposes: only its parent's wait is missing.
-  const alive = (pid: number) => {
-    try {
-      return !/^\d+ \(.*\) Z/.test(readFileSync(`/proc/${pid}/stat`, "utf8"));
-    } catch {
-      return false;
-    }
-  };
 
   it("runs the command with only PATH and the spec's and the request's env, in the domain's scratch dir", async () => {
     const rt = await guest({ env: { GREETING: "from the template", SHARED: "template" } });
@@ -512,12 +505,13 @@ describe("fake runtime exec", () => {
   it("kills the command's whole process group at its timeout", async () => {
     const rt = await guest();
     const started = Date.now();
-    const out = await run(rt, req(["sh", "-c", "sleep 30 & echo $! > child.pid; echo started; wait"], { timeoutMs: 300 }));
+    // Its pids are its pid namespace's, not the host's: the namespace names the background child from outside.
+    const out = await run(rt, req(["sh", "-c", "sleep 30 & readlink /proc/$!/ns/pid > child.ns; echo started; wait"], { timeoutMs: 300 }));
     expect(out.result).toEqual({ exitCode: null, signal: "SIGKILL", timedOut: true });
     expect(out.stdout).toBe("started\n");
     expect(Date.now() - started).toBeLessThan(10_000);
-    const child = Number(readFileSync(join(dir, "scratch", "inst_a", "child.pid"), "utf8"));
-    await until("the background child to be gone too", () => !alive(child), 5000, 10);
+    const ns = readFileSync(join(dir, "scratch", "inst_a", "child.ns"), "utf8").trim();
+    await until("the background child to be gone too", () => processesIn(ns).length === 0, 5000, 10);
   });
 
   it("refuses a domain that is not running, or not there, not retryable", async () => {

@@ -9,6 +9,8 @@ import { providerSessions, secretBroker } from "../../infra/providers.ts";
 
 const seal = sealer(newSealKey());
 const dir = mkdtempSync(join(tmpdir(), "bc-secrets-"));
+// The fence: test variables, and files in the temporary directory (docs/architecture.md, Accounts and secrets).
+const refs = { envPrefix: "BC_TEST_", dir, dataDir: join(dir, "no-data-dir") };
 afterAll(() => rmSync(dir, { recursive: true, force: true }));
 
 const failure = async (p: Promise<unknown>) => {
@@ -21,7 +23,7 @@ const failure = async (p: Promise<unknown>) => {
 };
 
 describe("the secret broker", () => {
-  const resolve = secretBroker({ sealer: seal });
+  const resolve = secretBroker({ sealer: seal, refs });
 
   it("resolves file: (without its trailing newline) and sealed: bound to the account and credential", async () => {
     const file = join(dir, "token");
@@ -43,7 +45,7 @@ describe("the secret broker", () => {
   });
 
   it("takes a deployment's own resolver first", async () => {
-    const custom = secretBroker({ sealer: seal, custom: { resolve: async (ref) => (ref.startsWith("vault:") ? "from-vault" : undefined) } });
+    const custom = secretBroker({ sealer: seal, refs, custom: { resolve: async (ref) => (ref.startsWith("vault:") ? "from-vault" : undefined) } });
     expect(await custom("pacc_1", "token", "vault:kv/x")).toBe("from-vault");
   });
 });
@@ -69,6 +71,8 @@ describe("provider sessions", () => {
       read: async (fn) => fn({ query: async () => [account] } as never),
       providers: [probe],
       sealer: seal,
+      refs,
+      endpoints: { allow: [], allowHttp: false },
       managedBy: "bc-test",
       get credentialTtlMs() {
         return ttl;

@@ -1,6 +1,9 @@
 import { type ChildProcess, spawn } from "node:child_process";
+import { realpathSync } from "node:fs";
+import type { Readable } from "node:stream";
 import type { ExecRequest, ExecResult } from "../../../contracts/host.ts";
 import { RuntimeError } from "../runtime.ts";
+import { confinedArgs, findBwrap, NO_BWRAP } from "./confine.ts";
 
 /** What a guest's exec gets as its environment before the spec's and the request's variables. */
 export const GUEST_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
@@ -8,37 +11,49 @@ export const GUEST_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sb
 export type OnOutput = (stream: "stdout" | "stderr", data: string) => void;
 
 /**
- * The fake's "guest processes": each exec is a real child process in a process group of its own, tracked by
- * domain so what happens to the domain happens to them (a stop or a removal kills them, a pause freezes them).
- * Nothing an exec starts outlives it: when the command's own process exits, whatever it left running in its
- * group is killed, so a test run leaves no strays behind (a real guest would keep them; the fake has no guest).
+ * The fake's "guest processes": each exec is a real child process, confined by bubblewrap (./confine.ts), in a
+ * process group of its own, tracked by domain so what happens to the domain happens to them (a stop or a removal
+ * kills them, a pause freezes them). Nothing an exec starts outlives it: when the command's own process exits,
+ * its pid namespace ends, and with it whatever it left running (a real guest would keep them; the fake has no
+ * guest). A command killed by a signal shows as exit 128+n, as bubblewrap (and a shell) report it.
  */
 export class GuestProcesses {
   private readonly groups = new Map<string, Set<ChildProcess>>();
 
+  /** `bwrap`: the bubblewrap binary to confine with; by default the system's, looked up at each exec. */
+  constructor(private readonly bwrap?: string) {}
+
   /**
-   * Run `req.command` with exactly `env`, in `cwd`, no shell. A program that cannot be found or run is answered
-   * as a shell would (exit 127 or 126, a line on stderr), since in a guest that is the command's outcome, not
-   * the host's failure; any other spawn failure is a retryable RuntimeError (the host ran out of something).
+   * Run `req.command` with exactly `env`, in `cwd`, confined, no shell of ours. A program that cannot be found or
+   * run is answered as a shell would (exit 127 or 126, a line on stderr), since in a guest that is the command's
+   * outcome, not the host's failure. Without bubblewrap, or where it cannot confine, nothing runs: a RuntimeError
+   * that is not retried (never unconfined); any other spawn failure is retryable (the host ran out of something).
    */
   run(id: string, cwd: string, env: Record<string, string>, req: Omit<ExecRequest, "instanceId">, onOutput: OnOutput): Promise<ExecResult> {
-    const [program, ...args] = req.command as [string, ...string[]];
+    const program = req.command[0] as string;
     // What no process can be given: refused as a bad request, the same on any host.
     const bad = Object.keys(env).find((k) => k === "" || k.includes("=") || k.includes("\0") || env[k]?.includes("\0"));
     if (bad !== undefined) return Promise.reject(new RuntimeError(`exec: environment variable '${bad}' cannot be passed to a process`, false));
     if (req.command.some((a) => a.includes("\0"))) return Promise.reject(new RuntimeError("exec: an argument holds a NUL byte", false));
-    const child = spawn(program, args, {
-      cwd,
-      env,
+    const bwrap = this.bwrap ?? findBwrap();
+    if (bwrap === null) return Promise.reject(new RuntimeError(`${id}: ${NO_BWRAP}`, false));
+    const child = spawn(bwrap, confinedArgs(realpathSync(cwd), env, req.command), {
+      cwd: "/",
+      // Nothing of the agent's: bwrap's own environment stays readable to the sandbox (its pid 1's environ).
+      env: {},
       // A session of its own: the whole group can be signalled, and the agent's terminal signals do not reach it.
       detached: true,
       shell: false,
-      stdio: [req.stdin === null ? "ignore" : "pipe", "pipe", "pipe"],
+      // fd 3: the wrapper's word on whether the command started (./confine.ts).
+      stdio: [req.stdin === null ? "ignore" : "pipe", "pipe", "pipe", "pipe"],
       windowsHide: true,
     });
     return new Promise<ExecResult>((resolve, reject) => {
       let timedOut = false;
       let exited: { code: number | null; signal: NodeJS.Signals | null } | null = null;
+      // Until the command runs, stderr is held: if it never does, what is there is the shell's or bwrap's, not its.
+      let status: string | null = null;
+      let held = "";
       const timer = setTimeout(() => {
         timedOut = exited === null;
         signalGroup(child, "SIGKILL");
@@ -55,10 +70,8 @@ export class GuestProcesses {
 
       child.once("error", (err: NodeJS.ErrnoException) => {
         if (child.pid !== undefined) return; // a signal to an exited process, say: the exit still comes
-        const shellCode = err.code === "ENOENT" ? 127 : err.code === "EACCES" || err.code === "ENOEXEC" ? 126 : null;
-        if (shellCode === null) return finish(new RuntimeError(`exec ${program}: ${err.message}`, true));
-        onOutput("stderr", `${program}: ${shellCode === 127 ? "command not found" : "permission denied"}\n`);
-        finish({ exitCode: shellCode, signal: null, timedOut: false });
+        if (err.code === "ENOENT" || err.code === "EACCES") return finish(new RuntimeError(`${id}: ${NO_BWRAP}`, false));
+        finish(new RuntimeError(`exec ${program}: ${err.message}`, true));
       });
       if (child.pid === undefined) return;
 
@@ -70,11 +83,29 @@ export class GuestProcesses {
         child.stdin.on("error", () => {});
         child.stdin.end(req.stdin ?? "");
       }
+      let said = "";
+      const word = child.stdio[3] as Readable;
+      word.setEncoding("utf8");
+      word.on("data", (d: string) => {
+        said = (said + d).slice(0, 16);
+      });
+      word.on("error", () => {});
+      // At its end, not its close: the child's own "close" can come first when fd 3 is the last pipe to close.
+      const heard = () => {
+        if (status !== null) return;
+        status = said.trim();
+        if (status === "s" && held) onOutput("stderr", held);
+      };
+      word.once("end", heard);
+      word.once("close", heard);
       for (const name of ["stdout", "stderr"] as const) {
         const stream = child[name];
         // Decodes across chunk boundaries: a character split between two reads is never mangled.
         stream?.setEncoding("utf8");
-        stream?.on("data", (data: string) => onOutput(name, data));
+        stream?.on("data", (data: string) => {
+          if (name === "stderr" && status !== "s") held += data;
+          else onOutput(name, data);
+        });
       }
       child.once("exit", (code, signal) => {
         exited = { code, signal };
@@ -82,7 +113,19 @@ export class GuestProcesses {
       });
       child.once("close", () => {
         const { code, signal } = exited ?? { code: null, signal: null };
-        finish(timedOut ? { exitCode: null, signal: "SIGKILL", timedOut: true } : { exitCode: code, signal, timedOut: false });
+        if (timedOut) return finish({ exitCode: null, signal: "SIGKILL", timedOut: true });
+        // Never started, and not for a kill of ours: bubblewrap could not confine it on this machine.
+        if (!status && signal === null)
+          return finish(new RuntimeError(`${id}: this fake host's guest agent could not confine the command: ${held.trim() || `bwrap exited ${code}`}`, false));
+        // The wrapper's exec failed: its shell's words are not the guest's.
+        const failed = /^s(\d+)$/.exec(status ?? "");
+        if (failed) {
+          const shellCode = Number(failed[1]);
+          if (shellCode === 127 || shellCode === 126) onOutput("stderr", `${program}: ${shellCode === 127 ? "command not found" : "permission denied"}\n`);
+          else if (held) onOutput("stderr", held);
+          return finish({ exitCode: shellCode, signal: null, timedOut: false });
+        }
+        finish({ exitCode: code, signal, timedOut: false });
       });
     });
   }

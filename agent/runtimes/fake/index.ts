@@ -15,7 +15,8 @@ export { clearFailures, crashDomain, type FakeOp, fakeOps, type InjectedFailure,
  * The `fake` runtime: a hypervisor made of files, for `bc agent --runtime fake`, `bc dev --sim N` and tests.
  * Everything lives under one directory, so a restarted agent on the same directory finds its domains again,
  * and several fakes can share one process as long as each has its own directory. Its guests' execs are real
- * child processes (./exec.ts), run in a scratch directory per domain that its snapshots keep as its disk.
+ * child processes confined by bubblewrap (./exec.ts), run in a scratch directory per domain that its snapshots
+ * keep as its disk.
  */
 
 export interface FakeOptions {
@@ -30,6 +31,8 @@ export interface FakeOptions {
    * with the default runtime (tests, `bc dev --sim`) as the hosts they simulate would.
    */
   serves?: string[];
+  /** The bubblewrap binary that confines guests' execs (./confine.ts). Default: the system's `bwrap`. */
+  bwrap?: string;
 }
 
 const defaultCapacity: Capacity = { vcpus: 16, memoryMib: 65536, diskGib: 1000, gpus: [] };
@@ -70,7 +73,7 @@ export function createFakeRuntime(opts: FakeOptions): Runtime {
 
   // One promise chain per domain: an operation starts only once the previous one on that domain settled.
   const chains = new Map<string, Promise<unknown>>();
-  const guests = new GuestProcesses();
+  const guests = new GuestProcesses(opts.bwrap);
 
   function serial<T>(id: string, fn: () => Promise<T>): Promise<T> {
     const prev = chains.get(id) ?? Promise.resolve();

@@ -146,8 +146,12 @@ export function commandReportStatement(w: Write, nodeId: string, report: Command
       text: `UPDATE host_commands SET state = 'running', started_at = $3 WHERE id = $1 AND node_id = $2 AND state = 'pending' RETURNING ${COLUMNS}`,
       params: [report.id, nodeId, w.now],
     };
+  // An exec's output tally (core/sandboxes/exec-output.ts) is the server's: kept under the host's result, which may not name it.
   return {
-    text: `UPDATE host_commands h SET state = $3, result = $4::jsonb, error = $5, started_at = COALESCE(started_at, $6), finished_at = $6,
+    text: `UPDATE host_commands h SET state = $3, error = $5,
+                  result = CASE WHEN h.kind <> 'instance.exec' THEN $4::jsonb
+                                ELSE (COALESCE($4::jsonb, '{}'::jsonb) - 'output') || COALESCE(h.result, '{}'::jsonb) END,
+                  started_at = COALESCE(started_at, $6), finished_at = $6,
                   settled_at = CASE WHEN $7::boolean
                                      AND NOT EXISTS (SELECT 1 FROM host_commands o WHERE o.instance_id = h.instance_id AND o.settled_at IS NULL AND o.id <> h.id)
                                      AND EXISTS (SELECT 1 FROM instances i WHERE i.id = h.instance_id AND i.state <> 'deleted')

@@ -38,6 +38,22 @@ const credential = z.union(
   { error: 'a reference "env:NAME" or "file:/absolute/path", or { "value": "…" } to seal' },
 );
 
+/**
+ * The deployment's rules for what an account may name (infra/secret-refs.ts, infra/provider-fetch.ts): each
+ * says why a reference or an endpoint URL is refused, or null. The worker applies them again when it calls.
+ */
+export interface AccountFences {
+  reference(ref: string): Promise<string | null>;
+  endpoint(url: string): string | null;
+}
+
+/** Every string in an account's config that is a URL (an endpoint the worker will call), by its path. */
+function urlsIn(value: unknown, path: string): [string, string][] {
+  if (typeof value === "string") return /^[A-Za-z][A-Za-z0-9+.-]*:\/\//.test(value) ? [[path, value]] : [];
+  if (typeof value !== "object" || value === null) return [];
+  return Object.entries(value).flatMap(([k, v]) => urlsIn(v, `${path}.${k}`));
+}
+
 /** What the operator sees of a credential: the reference, or `sealed`. */
 export const shownCredentials = (c: Record<string, string>): Record<string, string> =>
   Object.fromEntries(Object.entries(c).map(([k, v]) => [k, v.startsWith("sealed:") ? "sealed" : v]));
@@ -45,7 +61,7 @@ export const shownCredentials = (c: Record<string, string>): Record<string, stri
 /** Provider accounts name a provider the deployment lists, with a config and credentials that provider takes. */
 export async function createProviderAccount(
   w: Write,
-  deps: { providers: readonly ProviderDefinition[]; sealer: Sealer },
+  deps: { providers: readonly ProviderDefinition[]; sealer: Sealer; fences: AccountFences },
   raw: { name: string; provider: string; config?: unknown; credentials?: unknown },
 ): Promise<ProviderAccount> {
   const input = parseInput(z.object({ name: resourceName, provider: z.string(), config: z.unknown().optional(), credentials: z.unknown().optional() }), raw);
@@ -62,6 +78,15 @@ export async function createProviderAccount(
       throw invalid(`input.credentials.${key}: ${def.id} takes ${def.credentials.join(", ") || "no credentials"}`, { path: `input.credentials.${key}` });
   for (const key of def.credentials)
     if (!(key in given)) throw invalid(`input.credentials.${key}: required by ${def.id}`, { path: `input.credentials.${key}` });
+  // The messages name the rule, never the reference.
+  for (const [key, ref] of Object.entries(given)) {
+    const why = typeof ref === "string" ? await deps.fences.reference(ref) : null;
+    if (why) throw invalid(`input.credentials.${key}: ${why}`, { path: `input.credentials.${key}` });
+  }
+  for (const [path, url] of urlsIn(config, "input.config")) {
+    const why = deps.fences.endpoint(url);
+    if (why) throw invalid(`${path}: ${why}`, { path });
+  }
   if (await one(w.sql, `SELECT 1 FROM provider_accounts WHERE name = $1`, [input.name]))
     throw new AppError("CONFLICT", `provider account ${input.name} exists`);
   const id = w.ids("pacc");
