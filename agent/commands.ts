@@ -1,3 +1,4 @@
+import { setMaxListeners } from "node:events";
 import { join } from "node:path";
 import { setTimeout as sleep } from "node:timers/promises";
 import { type CommandReport, commandReport, type ExecChunk, type HostCommand, hostCommand } from "../contracts/host.ts";
@@ -63,7 +64,8 @@ export class CommandRunner {
   private readonly outbox = new Map<string, { report: CommandReport; done: Promise<void> }>();
   private readonly closing = new AbortController();
   /** Aborted first on close: execs are left as they are (journalled running, so the next start reports them). */
-  private readonly leaving = new AbortController();
+  /** Aborted when the agent leaves; every exec in flight listens on it (each removes its listener at its end). */
+  private readonly leaving = unlimited(new AbortController());
   /** Cuts every backoff short (a reconnect: the server is likely reachable again). */
   private nudge = new AbortController();
 
@@ -394,4 +396,10 @@ export class CommandRunner {
     const j = await this.journal.read(id);
     if (j && j.state !== "running" && !j.confirmed) await this.journal.write({ ...j, confirmed: true });
   }
+}
+
+/** An abort controller whose signal takes any number of listeners: one per exec in flight is not a leak. */
+function unlimited(c: AbortController): AbortController {
+  setMaxListeners(0, c.signal);
+  return c;
 }

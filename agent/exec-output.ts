@@ -55,8 +55,10 @@ export class ExecOutput {
     this.batchChars = o.batchChars ?? 64 * 1024;
     this.batchChunks = o.batchChunks ?? 500;
     this.maxPendingChars = o.maxPendingChars ?? 8 * 1024 * 1024;
-    o.stop.addEventListener("abort", () => this.wake(), { once: true });
-    this.loop = this.run();
+    // The stop signal is the agent's, which outlives every exec: the listener goes when the loop does.
+    const onStop = () => this.wake();
+    o.stop.addEventListener("abort", onStop, { once: true });
+    this.loop = this.run().finally(() => o.stop.removeEventListener("abort", onStop));
     // `end` reports how the loop ended; nobody may be listening when it is stopped.
     this.loop.catch(() => {});
   }

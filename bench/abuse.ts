@@ -3,7 +3,7 @@
  *
  *   npm run bench:abuse -- [--hosts 3] [--victims 24] [--owned 60] [--attackers 4] [--aliases 1000] [--first 500]
  *                          [--allowed-aliases 10] [--allowed-first 50] [--sockets 2] [--subscriptions 1000]
- *                          [--execs 200] [--seconds 15] [--pg 0]
+ *                          [--execs 200] [--seconds 15] [--pg 0] [--only N]
  *
  * One process runs what `bc dev` runs: the server, the worker and `hosts` simulated hosts on the embedded
  * database (PGlite, in-memory bus and jobs), or on PostgreSQL and Redis with --pg 1. A victim tenant has
@@ -15,7 +15,7 @@
  *      (`instanceEvents(after: "0")`), opened again as each one ends or is refused;
  *   4. an exec storm: `execs` `sandboxExec` subscriptions at once in the attacker's sandbox, each a command that
  *      prints 64 KiB, started again as each ends.
- * Prints the victim's latency (quiet, then during each phase), the age of the hosts' last reports (sampled every
+ * `--only N` runs phase N alone. Prints the victim's latency (quiet, then during each phase), the age of the hosts' last reports (sampled every
  * 100 ms), what the attacker got back, and whether any instance went LOST (goals: none; the victim's p99 at most
  * 100 ms and hosts' reports at most 5 s old throughout, on the embedded database and on PostgreSQL).
  */
@@ -41,6 +41,7 @@ const args = benchArgs({
   sockets: 2,
   subscriptions: 1000,
   execs: 200,
+  only: 0,
   seconds: 15,
   pg: 0,
 });
@@ -92,7 +93,7 @@ const clients = Array.from({ length: w.sockets }, () => createClient({
 const loop = (client) => new Promise((done) => {
   const again = (wait) => (performance.now() < end ? setTimeout(() => loop(client).then(done), wait) : done());
   client.subscribe({ query: w.query, variables: w.variables }, {
-    next: (r) => { frames++; if (r.errors) { count(r.errors[0]?.extensions?.code ?? "error"); again(r.errors[0]?.extensions?.retryAfterMs ?? 100); } },
+    next: (r) => { frames++; if (r.data?.sandboxExec?.stream === "EXIT") count("exits"); const x = r.errors?.[0]?.extensions; if (r.errors) { count((x?.code ?? "error") + (x?.limit ? " (" + x.limit + ")" : "")); again(x?.retryAfterMs ?? 100); } },
     error: (e) => { count(Array.isArray(e) ? (e[0]?.extensions?.code ?? "error") : "closed " + (e?.code ?? "")); again(200); },
     complete: () => { count("completed"); again(0); },
   });
@@ -263,7 +264,7 @@ async function run() {
   let worst = 0;
   let worstAge = 0;
   let lostTotal = 0;
-  for (const phase of phases) {
+  for (const phase of args.only ? phases.slice(args.only - 1, args.only) : phases) {
     const lastEvent = await count(`SELECT coalesce(max(id), 0)::int AS n FROM instance_events`);
     const attack = phase.attack();
     const [v, a, age] = await Promise.all([victimLoop(ms), attack, reportAge(attack)]);

@@ -1,4 +1,5 @@
-import { isIP } from "node:net";
+import { lookup } from "node:dns/promises";
+import { isIP, type LookupFunction } from "node:net";
 
 /**
  * Which network addresses a request made on someone else's word may reach. A tenant's image source (fetched by
@@ -147,3 +148,22 @@ export class Destinations {
     return null;
   }
 }
+
+/** One address a name resolved to. */
+export interface Address {
+  address: string;
+  family: 4 | 6;
+}
+/** A name to addresses. The system resolver (getaddrinfo: hosts file, then DNS) unless one is given. */
+export type Resolve = (hostname: string) => Promise<Address[]>;
+
+export const systemResolve: Resolve = async (hostname) => (await lookup(hostname, { all: true, verbatim: true })) as Address[];
+
+/** Connect only where the guard looked: a `lookup` that answers with the checked addresses and asks no one. */
+export const pinnedLookup =
+  (addresses: Address[]): LookupFunction =>
+  (_host, options, callback) => {
+    const first = addresses[0] as Address;
+    if (options.all) (callback as (e: null, a: Address[]) => void)(null, addresses);
+    else callback(null, first.address, first.family);
+  };

@@ -1,9 +1,11 @@
-import { lookup } from "node:dns/promises";
 import { Agent as HttpAgent, request as httpRequest, type IncomingMessage } from "node:http";
 import { Agent as HttpsAgent, request as httpsRequest } from "node:https";
-import { isIP, type LookupFunction } from "node:net";
+import { isIP } from "node:net";
 import { Readable } from "node:stream";
-import type { Destinations } from "../contracts/addresses.ts";
+import { type Address, type Destinations, pinnedLookup, type Resolve, systemResolve } from "../contracts/addresses.ts";
+
+export type { Address, Resolve };
+
 import { ProviderError } from "../core/pools/provider/contract.ts";
 
 /**
@@ -15,13 +17,6 @@ import { ProviderError } from "../core/pools/provider/contract.ts";
  * could answer otherwise). Redirects are not followed: an API answers, it does not send a credential on.
  */
 
-export interface Address {
-  address: string;
-  family: 4 | 6;
-}
-export type Resolve = (hostname: string) => Promise<Address[]>;
-
-const systemResolve: Resolve = async (hostname) => (await lookup(hostname, { all: true, verbatim: true })) as Address[];
 const hostOf = (u: URL) => u.hostname.replace(/^\[(.*)\]$/, "$1");
 
 /** Why a URL may not be an account's endpoint, judged without DNS (when the account is made); null if it may. */
@@ -55,15 +50,6 @@ async function destinations(u: URL, guard: Destinations, resolve: Resolve): Prom
   if (refused) throw refuse(host, `it resolves to a ${refused.category} address (providers.endpoints.allow may allow it)`);
   return addresses;
 }
-
-/** Connect only where the guard looked: the lookup answers with the checked addresses and asks no one. */
-const pinned =
-  (addresses: Address[]): LookupFunction =>
-  (_host, options, callback) => {
-    const first = addresses[0] as Address;
-    if (options.all) (callback as (e: null, a: Address[]) => void)(null, addresses);
-    else callback(null, first.address, first.family);
-  };
 
 function bodyOf(body: RequestInit["body"]): string | Uint8Array | undefined {
   if (body === undefined || body === null) return undefined;
@@ -100,7 +86,7 @@ export function providerFetch(guard: Destinations, opts: { resolve?: Resolve } =
         method,
         headers: Object.fromEntries(headers),
         agent: agents[u.protocol as "http:" | "https:"],
-        lookup: pinned(addresses),
+        lookup: pinnedLookup(addresses),
       });
       let message: IncomingMessage | undefined;
       const abort = () => {

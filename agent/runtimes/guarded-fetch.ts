@@ -1,10 +1,12 @@
-import { lookup } from "node:dns/promises";
 import { type ClientRequest, request as httpRequest, type IncomingMessage } from "node:http";
 import { request as httpsRequest } from "node:https";
-import { isIP, type LookupFunction } from "node:net";
+import { isIP } from "node:net";
 import { Transform, type Writable } from "node:stream";
 import { finished, pipeline } from "node:stream/promises";
+import { type Address, pinnedLookup, type Resolve, systemResolve } from "../../contracts/addresses.ts";
 import { ClassifiedError, type Destinations } from "./fetch-guard.ts";
+
+export type { Address, Resolve };
 
 /**
  * A GET on a tenant's URL under the operator's guard (./fetch-guard.ts): every hop's scheme and every address
@@ -13,13 +15,6 @@ import { ClassifiedError, type Destinations } from "./fetch-guard.ts";
  * bounded, the body is cut off past a byte cap, and a connection that stalls is dropped. Refusals are
  * ClassifiedErrors: a short reason for the tenant, the particulars for the host's log.
  */
-
-export interface Address {
-  address: string;
-  family: 4 | 6;
-}
-/** A name to addresses. The system resolver (getaddrinfo: hosts file, then DNS) unless one is given. */
-export type Resolve = (hostname: string) => Promise<Address[]>;
 
 export interface FetchOptions {
   /** The most bytes the body may have: a longer one is refused, from its Content-Length or as it streams. */
@@ -37,7 +32,6 @@ export interface FetchOptions {
   ca?: string | Buffer;
 }
 
-const systemResolve: Resolve = async (hostname) => (await lookup(hostname, { all: true, verbatim: true })) as Address[];
 const REDIRECTS = new Set([301, 302, 303, 307, 308]);
 
 /**
@@ -100,15 +94,6 @@ async function destinations(target: URL, guard: Destinations, resolve: Resolve):
   return addresses;
 }
 
-/** Connect only where the guard looked: the lookup answers with the checked addresses and asks no one. */
-const pinned =
-  (addresses: Address[]): LookupFunction =>
-  (_host, options, callback) => {
-    const first = addresses[0] as Address;
-    if (options.all) (callback as (e: null, a: Address[]) => void)(null, addresses);
-    else callback(null, first.address, first.family);
-  };
-
 interface Response {
   message: IncomingMessage;
   discard(): void;
@@ -137,7 +122,7 @@ async function get(target: URL, guard: Destinations, o: FetchOptions): Promise<R
     headers: { accept: "*/*", "accept-encoding": "identity" },
     // A socket of its own: a pooled one may have been connected by another lookup.
     agent: false,
-    lookup: pinned(addresses),
+    lookup: pinnedLookup(addresses),
     ...(o.ca ? { ca: o.ca } : {}),
   });
   const connectTimer = setTimeout(
