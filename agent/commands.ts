@@ -36,7 +36,9 @@ type Outcome = Pick<CommandJournal, "state" | "result" | "error">;
 export const EXEC_INTERRUPTED = "the agent restarted while the command ran";
 /** Thrown into an exec the runner stops waiting for because it is closing. */
 const LEAVING = new Error("the agent is closing");
-const finalReport = (j: CommandJournal): CommandReport => ({ id: j.command.id, state: j.state, result: j.result, error: j.error });
+/** An exec's reports say so: the server takes a tenant's exec in its turn with API work (contracts/host.ts, `bulk`). */
+const bulkOf = (kind: string) => (kind === "instance.exec" ? { bulk: true } : {});
+const finalReport = (j: CommandJournal): CommandReport => ({ id: j.command.id, state: j.state, result: j.result, error: j.error, ...bulkOf(j.command.kind) });
 const messageOf = (e: unknown) => (e instanceof Error ? e.message : String(e)).slice(0, 4000);
 
 /**
@@ -275,7 +277,7 @@ export class CommandRunner {
   /** Run an exec (not under its instance's lock: see the class comment) and deliver its output, then its result. */
   private async runExec(j: CommandJournal, cmd: ExecCommand): Promise<void> {
     const { instanceId, outputBytes, ...req } = cmd.args;
-    this.deliver({ id: cmd.id, state: "running", result: null, error: null });
+    this.deliver({ id: cmd.id, state: "running", result: null, error: null, ...bulkOf(cmd.kind) });
     // Taken and given back at once: only the wait for a snapshot or restore already holding it matters.
     (await this.o.locks.acquire(instanceId, { quiet: true })).release();
     if (this.leaving.signal.aborted) return;

@@ -243,5 +243,10 @@ export const commandReport = z.object({
    * the same, and settles it the usual way where they differ).
    */
   power: z.object({ kind: z.enum(["instance.pause", "instance.resume"]), instanceId: powerArgs.shape.instanceId }).optional(),
+  /**
+   * A report on a tenant's exec: it takes its turn with API work on the server rather than going ahead of it, as
+   * the host's own state does (a host that says so of another command only delays itself).
+   */
+  bulk: z.boolean().optional(),
 });
 export type CommandReport = z.infer<typeof commandReport>;

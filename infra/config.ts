@@ -127,6 +127,8 @@ const schema = z.object({
       execOutputBytes: z.coerce.number().int().min(4096).default(EXEC_OUTPUT_CAPS.execOutputBytes),
       /** Bytes of exec output one tenant may have kept at once, each running exec counted at `execOutputBytes`. */
       tenantExecOutputBytes: z.coerce.number().int().min(4096).default(EXEC_OUTPUT_CAPS.tenantExecOutputBytes),
+      /** Execs one sandbox runs at once; more are refused (RATE_LIMITED) until one ends. */
+      execsPerSandbox: z.coerce.number().int().min(1).max(1000).default(EXEC_OUTPUT_CAPS.execsPerSandbox),
     })
     // Else no exec could ever start: a running one is counted at the per-exec cap.
     .refine((s) => s.tenantExecOutputBytes >= s.execOutputBytes, { message: "must be at least execOutputBytes", path: ["tenantExecOutputBytes"] })
@@ -312,6 +314,7 @@ export function readEnv(env: NodeJS.ProcessEnv): Record<string, unknown> {
       defaultWarmQuota: env.SANDBOX_WARM_QUOTA,
       execOutputBytes: env.SANDBOX_EXEC_OUTPUT_BYTES,
       tenantExecOutputBytes: env.SANDBOX_TENANT_EXEC_OUTPUT_BYTES,
+      execsPerSandbox: env.SANDBOX_EXECS_PER_SANDBOX,
     }),
     providers: prune({
       sweepMs: env.PROVIDER_SWEEP_MS,

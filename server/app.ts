@@ -278,7 +278,7 @@ export async function startServer(platform: Platform, opts: { port?: number; hos
         preAuth.get(socket)?.();
         const bearer = auth ? (/^Bearer\s+(\S+)$/i.exec(auth)?.[1] ?? null) : null;
         const caller = principal?.nodeId ? null : callerKey(principal, address);
-        const conn = hub.connect(socket, principal, bearer, { caller, operations: () => Object.keys(ctx.subscriptions).length });
+        const conn = hub.connect(socket, principal, bearer, { caller });
         live.set(socket, conn);
         // Straight from the socket: graphql-ws calls onClose only after every subscription has returned, and a
         // subscription waiting on a quiet instance or node returns only once its connection has ended.
@@ -300,7 +300,12 @@ export async function startServer(platform: Platform, opts: { port?: number; hos
           return { errors: [refused] };
         }
         const mask = (r: ExecutionResult) => (r.errors?.length ? { ...r, errors: r.errors.map((e) => toClientError(e, ctx.log, ctx.requestId)) } : r);
-        return subscribeShared(args, ctx.principal?.identityId ?? "", mask, sources);
+        try {
+          return await subscribeShared(args, ctx.principal?.identityId ?? "", mask, sources);
+        } catch (e) {
+          ctx.live?.complete?.();
+          throw e;
+        }
       },
       onSubscribe: async (ctx, id, payload) => {
         const {

@@ -16,9 +16,11 @@ import type { Write } from "../kernel/write.ts";
 export interface ExecOutputCaps {
   execOutputBytes: number;
   tenantExecOutputBytes: number;
+  /** Execs one sandbox runs at once, as a guest's agent takes so many: a burst waits its turn (RATE_LIMITED). */
+  execsPerSandbox: number;
 }
 
-export const EXEC_OUTPUT_CAPS: ExecOutputCaps = { execOutputBytes: 1024 * 1024, tenantExecOutputBytes: 64 * 1024 * 1024 };
+export const EXEC_OUTPUT_CAPS: ExecOutputCaps = { execOutputBytes: 1024 * 1024, tenantExecOutputBytes: 64 * 1024 * 1024, execsPerSandbox: 16 };
 
 /** How long an exec's output is kept once the command finished: watchers that reconnect within it read it all. */
 export const EXEC_OUTPUT_KEEP_MS = 60 * 60_000;

@@ -50,6 +50,17 @@ export async function requestExec(
     },
     "exec",
   );
+  // Under the sandbox's lock: two requests cannot both take its last place.
+  const running = await one<{ n: number }>(
+    w.sql,
+    `SELECT count(*)::int AS n FROM host_commands WHERE instance_id = $1 AND kind = 'instance.exec' AND finished_at IS NULL AND settled_at IS NULL`,
+    [s.instanceId],
+  );
+  if ((running?.n ?? 0) >= caps.execsPerSandbox)
+    throw new AppError("RATE_LIMITED", `sandbox ${sandboxId} runs ${caps.execsPerSandbox} execs already, the most it runs at once; retry when one ends`, {
+      limit: "sandboxes.execsPerSandbox",
+      retryAfterMs: 1000,
+    });
   await checkTenantOutput(w, s.tenantId, caps);
   const cmd = await enqueueCommand(w, {
     nodeId: inst.nodeId,

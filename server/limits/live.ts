@@ -51,12 +51,13 @@ export function liveLimits(platform: Platform, rates: Rates): LiveLimits {
     const live = ctx.live;
     if (!live || ctx.principal?.nodeId) return null;
     const caller = live.conn.info.caller ?? callerKey(ctx.principal, undefined);
-    // graphql-ws counts this subscription among the connection's open operations already.
-    if (capped(limits.subscriptionsPerConnection, live.conn.info.operations())) {
-      return capError(`this connection has ${limits.subscriptionsPerConnection} operations open`, "subscriptionsPerConnection");
+    // This subscription counts already (LiveConnection.operation, taken before it is admitted); one refused
+    // stops counting at once, so a storm of refusals does not crowd out what it was refused for.
+    if (capped(limits.subscriptionsPerConnection, live.conn.subscriptions)) {
+      return capError(`this connection has ${limits.subscriptionsPerConnection} subscriptions open`, "subscriptionsPerConnection");
     }
-    if (capped(limits.subscriptionsPerCaller, live.hub.operationsOf(caller))) {
-      return capError(`this credential has ${limits.subscriptionsPerCaller} operations open on this server`, "subscriptionsPerCaller");
+    if (capped(limits.subscriptionsPerCaller, live.hub.subscriptionsOf(caller))) {
+      return capError(`this credential has ${limits.subscriptionsPerCaller} subscriptions open on this server`, "subscriptionsPerCaller");
     }
     const admitted = await admitOperation(platform, rates, args, false);
     if (admitted instanceof GraphQLError) return admitted;

@@ -61,12 +61,10 @@ export interface WatchOptions {
   signal?: AbortSignal | undefined;
 }
 
-/** How a connection's operations are counted (server/limits/live.ts caps them per connection and per caller). */
+/** Whose connection it is, for the caps on what one caller holds open (server/limits/live.ts). */
 export interface ConnectionInfo {
   /** Whose budget its operations spend (server/limits/request.ts, callerKey); null for a host's. */
   caller: string | null;
-  /** Operations open on the socket now, as graphql-ws counts them. */
-  operations: () => number;
 }
 
 /**
@@ -98,7 +96,7 @@ export class LiveConnection {
     /** The bearer, kept to re-check it (a revocation message can be lost). */
     readonly bearer: string | null,
     private readonly hub: LiveHub,
-    readonly info: ConnectionInfo = { caller: null, operations: () => 0 },
+    readonly info: ConnectionInfo = { caller: null },
   ) {
     const at = principal?.credential?.expiresAt;
     // Timers hold at most ~24 days; a later expiry is caught by the periodic re-check.
@@ -111,6 +109,11 @@ export class LiveConnection {
   /** Aborted when the connection ends: streams that wait on something else (a node's bus channel) stop on it. */
   get signal(): AbortSignal {
     return this.ending.signal;
+  }
+
+  /** Subscriptions open on this connection: each from its `operation()` until its `complete`, or the connection's end. */
+  get subscriptions(): number {
+    return this.operations.size;
   }
 
   /**
@@ -356,10 +359,10 @@ export class LiveHub {
     return this.byCaller.get(caller)?.size ?? 0;
   }
 
-  /** Operations `caller` has open on this server, over all its connections (bounded by the cap on connections). */
-  operationsOf(caller: string): number {
+  /** Subscriptions `caller` has open on this server, over all its connections (bounded by the cap on connections). */
+  subscriptionsOf(caller: string): number {
     let n = 0;
-    for (const c of this.byCaller.get(caller) ?? []) n += c.info.operations();
+    for (const c of this.byCaller.get(caller) ?? []) n += c.subscriptions;
     return n;
   }
 

@@ -104,7 +104,7 @@ builder.mutationFields((t) => ({
     resolve: (_r, { report }, ctx, info) => {
       const nodeId = requireNode(ctx.principal);
       const parsed = parseInput(commandReport, report, "report");
-      return mutate(ctx, info, (w) => recordHostReport(w, nodeId, parsed));
+      return mutate(parsed.bulk ? bulkLane(ctx, nodeId) : ctx, info, (w) => recordHostReport(w, nodeId, parsed));
     },
   }),
   reportExecOutput: t.field({
@@ -114,7 +114,7 @@ builder.mutationFields((t) => ({
     resolve: (_r, { commandId, chunks }, ctx, info) => {
       const nodeId = requireNode(ctx.principal);
       const parsed = parseInput(z.array(execChunk).max(1000), chunks, "chunks");
-      return mutate(ctx, info, (w) => recordExecOutput(w, nodeId, String(commandId), parsed, ctx.platform.config.sandboxes.execOutputBytes));
+      return mutate(bulkLane(ctx, nodeId), info, (w) => recordExecOutput(w, nodeId, String(commandId), parsed, ctx.platform.config.sandboxes.execOutputBytes));
     },
   }),
   declareNodeGone: t.field({
@@ -128,6 +128,13 @@ builder.mutationFields((t) => ({
     },
   }),
 }));
+
+/**
+ * A tenant's work riding a host's credential (an exec's reports and output): it takes its turn with API work, in
+ * a lane of its own per node, not ahead of it as the host's own state does, so an exec storm cannot hold up
+ * other tenants' reads.
+ */
+const bulkLane = (ctx: Context, nodeId: string): Context => ({ ...ctx, platform: ctx.platform.api(`host-bulk:${nodeId}`) });
 
 const SPEC_COALESCE_MS = 5;
 

@@ -136,8 +136,8 @@ builder.subscriptionFields((t) => ({
   sandboxExec: t.field({
     type: ExecOutput,
     // An exec starts a process on a host and stores what it prints: it costs the caller's budget like a query of a
-    // couple of thousand rows (3 points of the rate limit), not like the few fields it selects.
-    complexity: 2000,
+    // few thousand rows (6 points of the rate limit), not like the few fields it selects.
+    complexity: 5000,
     description: "Run a command in a running sandbox: STDOUT and STDERR pieces in order as they come, then one EXIT with its exit code.",
     args: {
       sandboxId: t.arg.id({ required: true }),

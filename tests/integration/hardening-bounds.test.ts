@@ -35,7 +35,11 @@ type Tenant = Awaited<ReturnType<Hosts["h"]["tenant"]>>;
 let t: Tenant;
 
 beforeAll(async () => {
-  hosts = await startHosts(2, { SANDBOX_EXEC_OUTPUT_BYTES: String(EXEC_CAP), SANDBOX_TENANT_EXEC_OUTPUT_BYTES: String(TENANT_CAP) });
+  hosts = await startHosts(2, {
+    SANDBOX_EXEC_OUTPUT_BYTES: String(EXEC_CAP),
+    SANDBOX_TENANT_EXEC_OUTPUT_BYTES: String(TENANT_CAP),
+    SANDBOX_EXECS_PER_SANDBOX: "2",
+  });
   t = await hosts.h.tenant();
 });
 afterAll(() => hosts?.close());
@@ -206,6 +210,25 @@ describe("exec output", () => {
     );
     expect(kept[0]?.n).toBeLessThanOrEqual(TENANT_CAP);
     await t2.client.request(DeleteSandboxDocument, { id: s.id });
+  });
+});
+
+describe("execs at once", () => {
+  it("are bounded per sandbox: past the bound RATE_LIMITED, nothing queued, and a place frees as one ends", async () => {
+    const t3 = await hosts.h.tenant();
+    const [s] = (await sandboxes(1, t3)) as [{ id: string; instanceId: string }];
+    const caps = hosts.h.platform.config.sandboxes;
+    const run = (command: string[], timeoutSeconds = 60) =>
+      hosts.h.platform.write({ actor: t3.identityId, action: "sandboxExec" }, (w) => requestExec(w, principal(t3), s.id, { command, timeoutSeconds }, caps));
+    await run(["sleep", "30"], 30);
+    const short = await run(["true"]);
+    const third = await expectCode(run(["true"]), "RATE_LIMITED");
+    expect(third.message).toMatch(/runs 2 execs already/);
+    expect(await execCommands(s.instanceId)).toHaveLength(2);
+    await until("the short exec finished", async () => (await execCommands(s.instanceId)).some((c) => c.id === short.commandId && c.finished), 20_000);
+    await run(["true"]);
+    expect(await execCommands(s.instanceId)).toHaveLength(3);
+    await t3.client.request(DeleteSandboxDocument, { id: s.id });
   });
 });
 

@@ -407,7 +407,9 @@ describe("exec commands", () => {
     expect(text(chunks, "stderr")).toBe(Array.from({ length: 200 }, (_, i) => `err ${i + 1}\n`).join(""));
     const finalAt = timeline.findIndex((t) => "report" in t && t.report.state !== "running");
     expect(timeline.slice(finalAt + 1).some((t) => "chunks" in t)).toBe(false);
-    expect(timeline[finalAt]).toEqual({ report: { id: "cmd_exec", state: "succeeded", result: { exitCode: 3, signal: null, timedOut: false }, error: null } });
+    expect(timeline[finalAt]).toEqual({
+      report: { id: "cmd_exec", state: "succeeded", result: { exitCode: 3, signal: null, timedOut: false }, error: null, bulk: true },
+    });
     expect(journal("cmd_exec")).toMatchObject({ state: "succeeded", result: { exitCode: 3 } });
   });
 
@@ -430,7 +432,7 @@ describe("exec commands", () => {
     const second = runner(rt);
     await second.r.receive(once);
     await until("the final report again", () => second.sent.length > 0);
-    expect(second.sent).toEqual([{ id: "cmd_once", state: "succeeded", result: { exitCode: 0, signal: null, timedOut: false }, error: null }]);
+    expect(second.sent).toEqual([{ id: "cmd_once", state: "succeeded", result: { exitCode: 0, signal: null, timedOut: false }, error: null, bulk: true }]);
     expect(second.output).toEqual([]);
     expect(readFileSync(join(scratch(A), "runs"), "utf8")).toBe("ran\n");
   });
@@ -448,7 +450,7 @@ describe("exec commands", () => {
     const after = runner(rt);
     await after.r.recover();
     await until("the final report to be confirmed", () => journal("cmd_long").confirmed === true);
-    expect(finals(after.sent)).toEqual([{ id: "cmd_long", state: "failed", result: null, error: EXEC_INTERRUPTED }]);
+    expect(finals(after.sent)).toEqual([{ id: "cmd_long", state: "failed", result: null, error: EXEC_INTERRUPTED, bulk: true }]);
     await after.r.receive(long); // delivered again after the restart: answered from the journal
     await until("the report again", () => finals(after.sent).length > 1);
     expect(finals(after.sent)[1]).toEqual(finals(after.sent)[0]);
@@ -466,7 +468,7 @@ describe("exec commands", () => {
     const { r, sent } = runner(rt);
     await r.receive(died);
     await until("the final report", () => finals(sent).length > 0);
-    expect(finals(sent)).toEqual([{ id: "cmd_died", state: "failed", result: null, error: EXEC_INTERRUPTED }]);
+    expect(finals(sent)).toEqual([{ id: "cmd_died", state: "failed", result: null, error: EXEC_INTERRUPTED, bulk: true }]);
     expect(existsSync(join(scratch(A), "runs"))).toBe(false);
   });
 
@@ -488,7 +490,7 @@ describe("exec commands", () => {
     expect(taken.map((c) => c.seq)).toEqual(taken.map((_, i) => i));
     expect(text(taken, "stdout")).toBe("one\nthree\n");
     expect(text(taken, "stderr")).toBe("two\n");
-    expect(finals(sent)).toEqual([{ id: "cmd_retry", state: "succeeded", result: { exitCode: 0, signal: null, timedOut: false }, error: null }]);
+    expect(finals(sent)).toEqual([{ id: "cmd_retry", state: "succeeded", result: { exitCode: 0, signal: null, timedOut: false }, error: null, bulk: true }]);
   });
 
   it("runs beside convergence and beside other execs of the same instance, without holding its lock", async () => {
@@ -528,8 +530,8 @@ describe("exec commands", () => {
     await r.receive(exec("cmd_slow", A, ["sleep", "30"], { timeoutMs: 200 }));
     await until("two final reports", () => finals(sent).length === 2);
     expect(finals(sent)).toEqual([
-      { id: "cmd_paused", state: "failed", result: null, error: expect.stringContaining("exec needs it running") },
-      { id: "cmd_slow", state: "succeeded", result: { exitCode: null, signal: "SIGKILL", timedOut: true }, error: null },
+      { id: "cmd_paused", state: "failed", result: null, error: expect.stringContaining("exec needs it running"), bulk: true },
+      { id: "cmd_slow", state: "succeeded", result: { exitCode: null, signal: "SIGKILL", timedOut: true }, error: null, bulk: true },
     ]);
   });
 });

@@ -1,9 +1,8 @@
-import { type ChildProcess, spawn } from "node:child_process";
 import { realpathSync } from "node:fs";
-import type { Readable } from "node:stream";
 import type { ExecRequest, ExecResult } from "../../../contracts/host.ts";
 import { RuntimeError } from "../runtime.ts";
 import { confinedArgs, findBwrap, NO_BWRAP } from "./confine.ts";
+import { type Spawned, Spawner } from "./spawner-client.ts";
 
 /** What a guest's exec gets as its environment before the spec's and the request's variables. */
 export const GUEST_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
@@ -18,7 +17,8 @@ export type OnOutput = (stream: "stdout" | "stderr", data: string) => void;
  * guest). A command killed by a signal shows as exit 128+n, as bubblewrap (and a shell) report it.
  */
 export class GuestProcesses {
-  private readonly groups = new Map<string, Set<ChildProcess>>();
+  private readonly groups = new Map<string, Set<Spawned>>();
+  private readonly spawner = new Spawner();
 
   /** `bwrap`: the bubblewrap binary to confine with; by default the system's, looked up at each exec. */
   constructor(private readonly bwrap?: string) {}
@@ -37,28 +37,19 @@ export class GuestProcesses {
     if (req.command.some((a) => a.includes("\0"))) return Promise.reject(new RuntimeError("exec: an argument holds a NUL byte", false));
     const bwrap = this.bwrap ?? findBwrap();
     if (bwrap === null) return Promise.reject(new RuntimeError(`${id}: ${NO_BWRAP}`, false));
-    const child = spawn(bwrap, confinedArgs(realpathSync(cwd), env, req.command), {
-      cwd: "/",
-      // Nothing of the agent's: bwrap's own environment stays readable to the sandbox (its pid 1's environ).
-      env: {},
-      // A session of its own: the whole group can be signalled, and the agent's terminal signals do not reach it.
-      detached: true,
-      shell: false,
-      // fd 3: the wrapper's word on whether the command started (./confine.ts).
-      stdio: [req.stdin === null ? "ignore" : "pipe", "pipe", "pipe", "pipe"],
-      windowsHide: true,
-    });
+    const child = this.spawner.spawn(bwrap, confinedArgs(realpathSync(cwd), env, req.command), req.stdin);
     return new Promise<ExecResult>((resolve, reject) => {
       let timedOut = false;
       let exited: { code: number | null; signal: NodeJS.Signals | null } | null = null;
       // Until the command runs, stderr is held: if it never does, what is there is the shell's or bwrap's, not its.
       let status: string | null = null;
+      let said = "";
       let held = "";
       const timer = setTimeout(() => {
         timedOut = exited === null;
-        signalGroup(child, "SIGKILL");
+        signalGroup(child.pid, "SIGKILL");
         // The command's process had already exited, but something kept its output open past it.
-        if (exited) for (const s of [child.stdout, child.stderr]) s?.destroy();
+        if (exited) child.destroyOutput();
       }, req.timeoutMs);
       const finish = (result: ExecResult | Error) => {
         clearTimeout(timer);
@@ -67,51 +58,31 @@ export class GuestProcesses {
         if (result instanceof Error) reject(result);
         else resolve(result);
       };
-
-      child.once("error", (err: NodeJS.ErrnoException) => {
-        if (child.pid !== undefined) return; // a signal to an exited process, say: the exit still comes
-        if (err.code === "ENOENT" || err.code === "EACCES") return finish(new RuntimeError(`${id}: ${NO_BWRAP}`, false));
-        finish(new RuntimeError(`exec ${program}: ${err.message}`, true));
+      child.on("error", (code, message) => {
+        if (code === "ENOENT" || code === "EACCES") return finish(new RuntimeError(`${id}: ${NO_BWRAP}`, false));
+        finish(new RuntimeError(`exec ${program}: ${message}`, true));
       });
-      if (child.pid === undefined) return;
-
-      const set = this.groups.get(id) ?? new Set();
-      set.add(child);
-      this.groups.set(id, set);
-      if (child.stdin) {
-        // The command may exit without reading its input: that is its business, not an error of ours.
-        child.stdin.on("error", () => {});
-        child.stdin.end(req.stdin ?? "");
-      }
-      let said = "";
-      const word = child.stdio[3] as Readable;
-      word.setEncoding("utf8");
-      word.on("data", (d: string) => {
-        said = (said + d).slice(0, 16);
+      child.on("spawn", () => {
+        const set = this.groups.get(id) ?? new Set();
+        set.add(child);
+        this.groups.set(id, set);
       });
-      word.on("error", () => {});
-      // At its end, not its close: the child's own "close" can come first when fd 3 is the last pipe to close.
-      const heard = () => {
-        if (status !== null) return;
+      child.on("data", (fd, data) => {
+        if (fd === 3) said = (said + data).slice(0, 16);
+        else if (fd === 2 && status !== "s") held += data;
+        else onOutput(fd === 1 ? "stdout" : "stderr", data);
+      });
+      // fd 3 says whether the command started; its end comes before the command's close.
+      child.on("end", (fd) => {
+        if (fd !== 3 || status !== null) return;
         status = said.trim();
         if (status === "s" && held) onOutput("stderr", held);
-      };
-      word.once("end", heard);
-      word.once("close", heard);
-      for (const name of ["stdout", "stderr"] as const) {
-        const stream = child[name];
-        // Decodes across chunk boundaries: a character split between two reads is never mangled.
-        stream?.setEncoding("utf8");
-        stream?.on("data", (data: string) => {
-          if (name === "stderr" && status !== "s") held += data;
-          else onOutput(name, data);
-        });
-      }
-      child.once("exit", (code, signal) => {
-        exited = { code, signal };
-        signalGroup(child, "SIGKILL");
       });
-      child.once("close", () => {
+      child.on("exit", (code, signal) => {
+        exited = { code, signal };
+        signalGroup(child.pid, "SIGKILL");
+      });
+      child.on("close", () => {
         const { code, signal } = exited ?? { code: null, signal: null };
         if (timedOut) return finish({ exitCode: null, signal: "SIGKILL", timedOut: true });
         // Never started, and not for a kill of ours: bubblewrap could not confine it on this machine.
@@ -132,19 +103,20 @@ export class GuestProcesses {
 
   /** Send `signal` to every exec of domain `id` (SIGKILL: the domain went away; SIGSTOP/SIGCONT: paused, resumed). */
   signal(id: string, signal: NodeJS.Signals): void {
-    for (const child of this.groups.get(id) ?? []) signalGroup(child, signal);
+    for (const child of this.groups.get(id) ?? []) signalGroup(child.pid, signal);
   }
 
-  /** Kill every exec of every domain: the fake's guests do not outlive it. */
+  /** Kill every exec of every domain: the fake's guests do not outlive it (nor does its spawner). */
   killAll(): void {
     for (const id of this.groups.keys()) this.signal(id, "SIGKILL");
+    this.spawner.close();
   }
 }
 
-function signalGroup(child: ChildProcess, signal: NodeJS.Signals): void {
-  if (child.pid === undefined) return;
+function signalGroup(pid: number | undefined, signal: NodeJS.Signals): void {
+  if (pid === undefined) return;
   try {
-    process.kill(-child.pid, signal);
+    process.kill(-pid, signal);
   } catch {
     // ESRCH: the group is empty already.
   }
