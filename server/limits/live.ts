@@ -24,7 +24,7 @@ export interface LiveLimits {
 }
 
 /** The most events of one replay page, whatever the budget (a page is one statement and one pause). */
-const PAGE_MAX = 500;
+const PAGE_MAX = 100;
 /** A page never costs more than this share of a caller's budget, so one page always fits in a window. */
 const PAGE_SHARE = 4;
 

@@ -52,6 +52,10 @@ const OPEN = 1;
 
 /** Catch-up pages while a subscriber replays from its cursor: paced by the subscriber, so never counted as backlog. */
 const PAGE = 500;
+/** Events a replay sends per turn (200 replays of 500 sent at once held the event loop 600 ms). */
+const REPLAY_TURN = 32;
+/** Turns granted per pass of the event loop, over every replay of the server: about 64 events, a few ms. */
+const TURNS_PER_PASS = 2;
 
 export interface WatchOptions {
   /** Write the live tail straight to the socket as these frames. */
@@ -314,6 +318,10 @@ export class LiveHub {
   /** Revocations heard so far, and the latest of them by count (revokedSince). */
   private revoked = 0;
   private readonly recentRevocations: { n: number; key: string }[] = [];
+  /** Replays' turns (replayTurn): granted since the last pass, and those waiting for the next. */
+  private turns = 0;
+  private readonly waitingTurns: (() => void)[] = [];
+  private passing = false;
 
   private constructor(
     private readonly platform: Platform,
@@ -400,8 +408,11 @@ export class LiveHub {
           return;
         }
         if (page.length && replay) await replay.pay(page.length);
-        for (const e of page) {
+        for (const [i, e] of page.entries()) {
           if (stream.ended) return;
+          // A page in memory is yielded, executed and written without any I/O to wait on: all in microtasks, which
+          // never let the event loop read a socket. Every few events the replay waits for a turn (replayTurn).
+          if (i % REPLAY_TURN === 0) await this.replayTurn();
           yield e;
           last = e.position;
         }
@@ -422,6 +433,35 @@ export class LiveHub {
       stream.end();
       conn.streams.delete(stream);
     }
+  }
+
+  /**
+   * A replay's turn to send its next few events. setImmediate alone would not do: every replay that yielded runs
+   * in the same check phase, one after another, before the loop reads a socket. Turns are handed out a few per
+   * pass of the loop, over all replays together, so a request that arrives meanwhile waits for a few ms of them.
+   */
+  private replayTurn(): Promise<void> {
+    if (this.turns < TURNS_PER_PASS && !this.waitingTurns.length) {
+      this.turns++;
+      this.nextPass();
+      return Promise.resolve();
+    }
+    return new Promise((r) => {
+      this.waitingTurns.push(r);
+      this.nextPass();
+    });
+  }
+
+  private nextPass(): void {
+    if (this.passing) return;
+    this.passing = true;
+    setImmediate(() => {
+      this.passing = false;
+      const granted = this.waitingTurns.splice(0, TURNS_PER_PASS);
+      this.turns = granted.length;
+      for (const go of granted) go();
+      if (this.waitingTurns.length || this.turns) this.nextPass();
+    });
   }
 
   /** Whether no committed event has reached this cursor yet (the feed may lag: the table has the last word). */
