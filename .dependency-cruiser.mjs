@@ -22,11 +22,36 @@
 //   web/              the dashboard (a browser bundle): sdk/ only
 //   cli/              the composition root: anything
 //   tests/, bench/, scripts/, examples/ and root files are exempt from the direction rules, not from the cycle rule.
+//
+// Inside core/, its folders, inner to outer (each may import those above it, never one below; rules core-*):
+//   kernel/           the write path, SQL, ids, validation, clock, sealing: nothing else of core/
+//   auth/             kernel/
+//   tenancy/          kernel/, auth/
+//   catalog/          kernel/, auth/, tenancy/
+//   books/            kernel/, auth/, tenancy/, catalog/
+//   commands/         host commands: kernel/ only
+//   instances/        the instance itself (model, state table, decide, changes, events, queries): the folders above,
+//                     nothing of pools/
+//   pools/            the pool-driver seam (driver.ts, registry.ts, pools.ts, doctor.ts): the folders above
+//   pools/<class>/    one pool class each (hosted/, provider/): the folders above and the seam, never another class
+//   lifecycle/        admission, lifecycle and power requests, the reconciler step, snapshots: the folders above,
+//                     pool classes only through the seam (driver.ts, registry.ts, pools.ts)
+//   sandboxes/        the folders above, pool classes only through the seam
+//   teardown/         a deleted tenant's teardown: the folders above
+//   core/*.ts         core's composition (drivers.ts registers the pool drivers): anything of core/, imported by no folder of it
 
 /** What "ours" excludes: npm packages; node builtins are left out by `dependencyTypesNot: ["core"]` below. */
 const NOT_OURS = "^node_modules/";
 /** The generated Prisma client has a rule of its own (prisma-client-only-in-data-layer), so no direction rule reports it twice. */
 const PRISMA_CLIENT = "^prisma/generated/";
+
+/**
+ * A `to` in a folder of core/ other than `folders` (paths under core/, as regular expressions). core/'s root modules are
+ * left to core-root-outermost, so an import of one is reported once. Type-only imports count, as everywhere.
+ */
+function coreExcept(...folders) {
+  return { path: "^core/[^/]+/", pathNot: folders.map((f) => `^core/${f}/`) };
+}
 
 /**
  * A `to` matching a module of ours outside `allowed`: a resolved file in this repository, not an npm package, not a
@@ -166,6 +191,157 @@ export const forbidden = [
       "never sees a Prisma type.",
     from: { pathNot: ["^infra/db/", "^tests/", "^bench/", PRISMA_CLIENT] },
     to: { path: PRISMA_CLIENT },
+  },
+  {
+    name: "core-folders-acyclic",
+    severity: "error",
+    scope: "folder",
+    comment:
+      "core/'s folders are layers: no folder of core/ may reach itself through the imports of others, type-only ones " +
+      "included, and in particular no two folders import each other. Two folders that import each other both ways are " +
+      "one piece that only pretends to be two: neither can be read, tested or changed without the other. The rules " +
+      "below say which way each pair goes; this one holds for folders no rule names yet. dependency-cruiser counts a " +
+      "folder with its subfolders here (core/pools with core/pools/hosted), so a folder and its own subfolder are kept " +
+      "apart by core-pool-seam-not-classes and core-root-outermost instead.",
+    from: { path: "^core/" },
+    to: { circular: true },
+  },
+  {
+    name: "core-inner-kernel",
+    severity: "error",
+    comment:
+      "core/kernel/ (the write path, SQL access, ids, validation, clock, sealing) is what every folder of core/ stands " +
+      "on, so it stands on none of them: one import of another folder and the whole domain would depend on that folder.",
+    from: { path: "^core/kernel/" },
+    to: coreExcept("kernel"),
+  },
+  {
+    name: "core-inner-auth",
+    severity: "error",
+    comment:
+      "core/auth/ (principals, scopes, tokens) says who is asking, which everything else checks: it may use the kernel " +
+      "and nothing else of core/. A token's rules (its name's form) come from the kernel, the tenant a token is made " +
+      "for is checked in SQL, not through core/tenancy/.",
+    from: { path: "^core/auth/" },
+    to: coreExcept("auth", "kernel"),
+  },
+  {
+    name: "core-inner-tenancy",
+    severity: "error",
+    comment:
+      "core/tenancy/ (tenants, quota, projects) is what instances, sandboxes and the books are charged to: it may use " +
+      "the kernel and auth. Tearing a tenant down deletes its sandboxes and instances, so that lives outside it " +
+      "(core/teardown/); quota speaks GPUs by model itself, and the catalog's shapes map onto it.",
+    from: { path: "^core/tenancy/" },
+    to: coreExcept("tenancy", "kernel", "auth"),
+  },
+  {
+    name: "core-inner-catalog",
+    severity: "error",
+    comment:
+      "core/catalog/ (shapes, flavors, images) is what a create may name: it may use the kernel, auth and tenancy, not " +
+      "the pools that sell it. A flavor's pool, and its class's check of what it can sell, come from the caller " +
+      "(core/pools/pools.ts flavorPool), so the pool seam can stand on the catalog.",
+    from: { path: "^core/catalog/" },
+    to: coreExcept("catalog", "kernel", "auth", "tenancy"),
+  },
+  {
+    name: "core-inner-books",
+    severity: "error",
+    comment:
+      "core/books/ (meter spans, metering, accounting, the doctor's common checks) is written by everything that holds " +
+      "resources, so it may use only the folders below it: the kernel, auth, tenancy and the catalog. It names what it " +
+      "reads of an instance in a type of its own, and each pool class's doctor checks live in that class's folder.",
+    from: { path: "^core/books/" },
+    to: coreExcept("books", "kernel", "auth", "tenancy", "catalog"),
+  },
+  {
+    name: "core-inner-commands",
+    severity: "error",
+    comment:
+      "core/commands/ (the host command queue) is queued and settled by the lifecycle operations and sandboxes, and " +
+      "read by the host gateway: it stands on the kernel alone, so that none of them reaches into a pool class's folder for it.",
+    from: { path: "^core/commands/" },
+    to: coreExcept("commands", "kernel"),
+  },
+  {
+    name: "core-instances-not-pools",
+    severity: "error",
+    comment:
+      "core/instances/ is the instance itself: its model, the state table, decide, the one way a row changes " +
+      "(writeChange), its events and queries. It knows nothing of pools, so every pool class can build on it: what a " +
+      "class adds to a change's statement (hosted pools' spec generations) comes in through a hook the class's driver " +
+      "registers (ChangeHook). The operations that act on instances through pools live above it, in core/lifecycle/.",
+    from: { path: "^core/instances/" },
+    to: coreExcept("instances", "kernel", "auth", "tenancy", "catalog", "books", "commands"),
+  },
+  {
+    name: "core-pools-not-operations",
+    severity: "error",
+    comment:
+      "core/pools/ (the seam and every pool class) is what the operations on instances are built on, so it may not use " +
+      "them: not core/lifecycle/, core/sandboxes/ or core/teardown/. A driver gets what it needs from its caller " +
+      "(DriverDeps, SyncIo), and its hooks are registered, not imported.",
+    from: { path: "^core/pools/" },
+    to: { path: "^core/(lifecycle|sandboxes|teardown)/" },
+  },
+  {
+    name: "core-pool-seam-not-classes",
+    severity: "error",
+    comment:
+      "The seam (core/pools/*.ts: the driver interface, the registry, pools) is what each pool class's folder builds on, " +
+      "so it may not import a class: the registry is handed the drivers (core/drivers.ts registers them), and whatever " +
+      "belongs to one class (a hosted pool's address range, its doctor checks) lives in that class's folder.",
+    from: { path: "^core/pools/[^/]+$" },
+    to: { path: "^core/pools/[^/]+/" },
+  },
+  {
+    name: "core-pool-classes-independent",
+    severity: "error",
+    comment:
+      "Each pool class (core/pools/<class>/) stands alone on the seam, so one can be added, changed or dropped without " +
+      "touching another: a class's folder may import its own folder and the seam, never another class's.",
+    from: { path: "^core/pools/([^/]+)/" },
+    to: { path: "^core/pools/[^/]+/", pathNot: ["^core/pools/$1/"] },
+  },
+  {
+    name: "core-pool-class-code-through-driver",
+    severity: "error",
+    comment:
+      "Outside core/pools/, what depends on a pool's class is reached only through the seam: the driver interface " +
+      "(driver.ts), the registry (registry.ts) and pools themselves (pools.ts). Code that imported a class's folder would " +
+      "act on every pool as that class, the very thing the seam exists to prevent. core/'s root modules, which register " +
+      "the drivers, are the one exception.",
+    from: { path: "^core/", pathNot: ["^core/pools/", "^core/[^/]+$"] },
+    to: { path: "^core/pools/", pathNot: ["^core/pools/(driver|registry|pools)[.]ts$"] },
+  },
+  {
+    name: "core-lifecycle-not-sandboxes",
+    severity: "error",
+    comment:
+      "core/lifecycle/ (admission, lifecycle and power requests, the reconciler step, snapshots) acts on any instance; " +
+      "sandboxes are built from those operations (a sandbox's instance is admitted like any other), so lifecycle may " +
+      "not use core/sandboxes/, nor core/teardown/, which drives both.",
+    from: { path: "^core/lifecycle/" },
+    to: { path: "^core/(sandboxes|teardown)/" },
+  },
+  {
+    name: "core-sandboxes-not-teardown",
+    severity: "error",
+    comment:
+      "A deleted tenant's teardown (core/teardown/) deletes its templates, sandboxes, snapshots and instances through " +
+      "the paths their owners use: it stands on core/sandboxes/, which may not use it in turn.",
+    from: { path: "^core/sandboxes/" },
+    to: { path: "^core/teardown/" },
+  },
+  {
+    name: "core-root-outermost",
+    severity: "error",
+    comment:
+      "core/'s root modules (core/*.ts) compose core: drivers.ts names every pool driver and registers them. No folder " +
+      "of core/ may import them, or it would depend on every pool class at once; processes (infra/platform.ts) call them.",
+    from: { path: "^core/[^/]+/" },
+    to: { path: "^core/[^/]+$" },
   },
 ];
 

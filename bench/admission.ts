@@ -34,7 +34,7 @@ import { fork } from "node:child_process";
 import { join } from "node:path";
 import { fileURLToPath } from "node:url";
 import pg from "pg";
-import { admitInstance } from "../core/instances/admission.ts";
+import { admitInstance } from "../core/lifecycle/admission.ts";
 import { CreateInstanceDocument, createClient } from "../sdk/client.ts";
 import { startServer } from "../server/app.ts";
 import { admissionDeps, hostedFixture, SMALL } from "./fixture.ts";

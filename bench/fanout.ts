@@ -31,8 +31,8 @@ import { readFileSync } from "node:fs";
 import { fileURLToPath } from "node:url";
 import { createClient as createGraphqlWs, type Client as GraphqlWsClient } from "graphql-ws";
 import { WebSocket } from "ws";
-import { admitInstance } from "../core/instances/admission.ts";
-import { setDesiredState } from "../core/instances/lifecycle.ts";
+import { admitInstance } from "../core/lifecycle/admission.ts";
+import { setDesiredState } from "../core/lifecycle/lifecycle.ts";
 import { admissionDeps, hostedFixture } from "./fixture.ts";
 import { benchArgs, benchPlatform, cpuOf, inParallel, percentile, rssOf } from "./lib.ts";
 

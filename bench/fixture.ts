@@ -2,9 +2,9 @@ import { randomBytes } from "node:crypto";
 import { createApiToken } from "../core/auth/tokens.ts";
 import { createFlavor } from "../core/catalog/flavors.ts";
 import { registerImage } from "../core/catalog/images.ts";
-import { type AdmissionDeps, admitInstance } from "../core/instances/admission.ts";
+import { type AdmissionDeps, admitInstance } from "../core/lifecycle/admission.ts";
 import { createNode } from "../core/pools/hosted/nodes.ts";
-import { createPool } from "../core/pools/pools.ts";
+import { createPool, flavorPool } from "../core/pools/pools.ts";
 import type { QuotaInput } from "../core/tenancy/quota.ts";
 import { createTenant } from "../core/tenancy/tenants.ts";
 import type { Platform } from "../infra/platform.ts";
@@ -29,7 +29,7 @@ export async function hostedFixture(platform: Platform, opts: { nodes?: number; 
                 cap_disk_gib = GREATEST(cap_disk_gib, $2::bigint * $5) WHERE pool_id = $1`,
         [pool.id, opts.hostRoom, SMALL.vcpus, SMALL.memoryMib, SMALL.diskGib],
       );
-    await createFlavor(w, { poolId: pool.id, name: "small", ...SMALL });
+    await createFlavor(w, { poolId: pool.id, name: "small", ...SMALL }, flavorPool);
     const image = await registerImage(
       w,
       { identityId: "bench", tenantId: null, operator: true, scopes: new Set() },

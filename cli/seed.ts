@@ -3,7 +3,7 @@ import { createFlavor } from "../core/catalog/flavors.ts";
 import { registerImage } from "../core/catalog/images.ts";
 import { one } from "../core/kernel/db.ts";
 import { createJoinToken } from "../core/pools/hosted/enrollment.ts";
-import { createPool } from "../core/pools/pools.ts";
+import { createPool, flavorPool } from "../core/pools/pools.ts";
 import { createProviderAccount } from "../core/pools/provider/accounts.ts";
 import { createTenant } from "../core/tenancy/tenants.ts";
 import { persistentSecret } from "../infra/data-dir.ts";
@@ -30,7 +30,7 @@ export async function seedQuickStart(platform: Platform, hosts: number) {
       { name: "medium", vcpus: 2, memoryMib: 4096, diskGib: 40 },
       { name: "large", vcpus: 4, memoryMib: 8192, diskGib: 80 },
     ])
-      await createFlavor(w, { poolId: pool.id, ...f });
+      await createFlavor(w, { poolId: pool.id, ...f }, flavorPool);
     const image = await registerImage(
       w,
       { identityId: "quick-start", tenantId: null, operator: true, scopes: new Set() },
@@ -84,7 +84,7 @@ export async function seedProviderPool(platform: Platform, emu: ProviderEmulator
       },
     );
     const pool = await createPool(w, { name: "cloud", class: "provider", providerAccountId: account.id }, platform.drivers);
-    await createFlavor(w, { poolId: pool.id, name: "small", vcpus: 2, memoryMib: 4096, diskGib: 40 });
+    await createFlavor(w, { poolId: pool.id, name: "small", vcpus: 2, memoryMib: 4096, diskGib: 40 }, flavorPool);
     return pool.id;
   });
   return { poolId, image: emu.images[0] as string };

@@ -74,7 +74,7 @@ export const jobCatalog = {
     everyMs: undefined,
   },
   /**
-   * A deleted tenant's teardown (core/tenancy/teardown.ts): ask for the deletion of everything it has, and remove
+   * A deleted tenant's teardown (core/teardown/teardown.ts): ask for the deletion of everything it has, and remove
    * the tenant once nothing is left. Enqueued by deleteTenant, and by the sweep until the tenant is gone.
    */
   "vps.tenants": {

@@ -4,6 +4,7 @@ import { pathToFileURL } from "node:url";
 import { z } from "zod";
 import { type AddressPolicy, parseCidr } from "../contracts/addresses.ts";
 import { AppError } from "../contracts/errors.ts";
+import { DEFAULT_RUNTIME } from "../contracts/runtimes.ts";
 import type { ImageResolver } from "../core/catalog/images.ts";
 import type { ProviderDefinition } from "../core/pools/provider/contract.ts";
 import { EXEC_OUTPUT_CAPS } from "../core/sandboxes/exec-output.ts";
@@ -235,7 +236,7 @@ const schema = z.object({
     .prefault({}),
   vps: z
     .object({
-      runtimes: z.array(runtimeId).min(1, "at least one runtime").default(["libvirt-kvm"]),
+      runtimes: z.array(runtimeId).min(1, "at least one runtime").default([DEFAULT_RUNTIME]),
       providers: z
         .array(providerDef)
         .default([])

@@ -2,15 +2,16 @@ import type { Registry } from "prom-client";
 import { tracePoint } from "../contracts/trace.ts";
 import { ensureOperatorIdentity, newOperatorToken } from "../core/auth/tokens.ts";
 import { type ImageResolver, tableImages } from "../core/catalog/images.ts";
-import type { AdmissionDeps } from "../core/instances/admission.ts";
+import { registerBuiltInDrivers } from "../core/drivers.ts";
 import type { WatchedEvent } from "../core/instances/events.ts";
-import { lookupCache } from "../core/instances/lookup.ts";
 import type { Instance } from "../core/instances/model.ts";
 import { type Clock, systemClock } from "../core/kernel/clock.ts";
 import type { Sql } from "../core/kernel/db.ts";
 import { type IdSource, randomIds } from "../core/kernel/ids.ts";
 import { newSealKey, type Sealer, sealer } from "../core/kernel/seal.ts";
 import { ContendedWrite, type EventDetail, finishWrite, positionEvents, Write, type WriteOptions } from "../core/kernel/write.ts";
+import type { AdmissionDeps } from "../core/lifecycle/admission.ts";
+import { lookupCache } from "../core/lifecycle/lookup.ts";
 import type { DriverDeps, SyncIo } from "../core/pools/driver.ts";
 import { type Bus, openBus } from "./bus.ts";
 import type { Config } from "./config.ts";
@@ -86,6 +87,8 @@ const RETRYABLE = new Set(["40001", "40P01"]);
 const RETRY_ON_DUPLICATE = new Set(["instances_pkey", "ip_addresses_instance_id_key", "allocations_instance_id_key"]);
 
 export async function openPlatform(config: Config, opts: PlatformOptions = {}): Promise<Platform> {
+  // Before anything reads a pool's class or changes an instance (core/drivers.ts).
+  registerBuiltInDrivers();
   const log = opts.log ?? logger(config.logLevel);
   const embedded = opts.embedded ?? false;
   const sealKey = config.sealKey ?? (embedded ? persistentSecret(config.dataDir, "seal.key", newSealKey) : undefined);

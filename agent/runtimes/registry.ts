@@ -1,35 +1,26 @@
-import { chmodSync, mkdirSync } from "node:fs";
-import { join } from "node:path";
-import type { Capacity } from "../../contracts/host.ts";
-import { createFakeRuntime, fakeOps } from "./fake/index.ts";
-import { PASS_THROUGH_DIR } from "./files.ts";
-import { createLibvirtRuntime, type LibvirtOptions } from "./libvirt-kvm/index.ts";
+import type { RuntimeDeclaration } from "./declaration.ts";
+import { fake } from "./fake/declaration.ts";
+import { libvirtKvm } from "./libvirt-kvm/declaration.ts";
 import type { Runtime } from "./runtime.ts";
 
-/** What an agent knows when it makes its runtime; each runtime takes what concerns it. */
-export interface RuntimeOptions {
-  stateDir: string;
-  /** fake: what the simulated host offers, and how slow it is. */
-  capacity?: Capacity;
-  delayMs?: number;
-  /** libvirt-kvm: how to reach libvirt and boot domains. */
-  libvirt?: Omit<LibvirtOptions, "stateDir">;
-}
+export { fake, libvirtKvm };
+
+/**
+ * The runtimes an agent can drive, as they declare themselves (./declaration.ts): what `bc agent --runtime`
+ * names, whose flags agent/config.ts reads, and what tests/conformance/runtime.ts runs its cases against.
+ */
+export const declarations = [fake, libvirtKvm] as const;
+
+type OptionsOf<D> = D extends RuntimeDeclaration<infer O> ? O : never;
+/** What an agent knows when it makes its runtime: its state dir, and each declared runtime's options (each takes its own). */
+export type RuntimeOptions = { stateDir: string } & OptionsOf<typeof fake> & OptionsOf<typeof libvirtKvm>;
 type Make = (o: RuntimeOptions) => Promise<Runtime> | Runtime;
 
-export const fakeRuntime: Make = (o) =>
-  createFakeRuntime({
-    dir: join(o.stateDir, "fake-host"),
-    capacity: o.capacity,
-    delays: o.delayMs ? Object.fromEntries(fakeOps.map((op) => [op, o.delayMs])) : undefined,
-  });
+/** The runtime `bc agent` runs when `--runtime` names none: a simulated host. */
+export const defaultAgentRuntime = fake.id;
 
-const libvirtRuntime: Make = (o) => {
-  // The agent's state dir holds the runtime's: QEMU's user must get through it (its own files stay private).
-  mkdirSync(o.stateDir, { recursive: true });
-  chmodSync(o.stateDir, PASS_THROUGH_DIR);
-  return createLibvirtRuntime({ ...o.libvirt, stateDir: join(o.stateDir, "libvirt") });
-};
+/** Each declared runtime's maker, by id. */
+export const runtimes: Record<string, Make> = Object.fromEntries(declarations.map((d) => [d.id, d.make]));
 
-/** The runtimes an agent can drive, by id (what `bc agent --runtime` and pools' `runtime` name). */
-export const runtimes: Record<string, Make> = { fake: fakeRuntime, "libvirt-kvm": libvirtRuntime };
+/** A simulated host, as `bc dev --sim` makes them. */
+export const fakeRuntime: Make = fake.make;

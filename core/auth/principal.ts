@@ -13,19 +13,6 @@ export interface Principal {
   credential?: { key: string; expiresAt: Date | null };
 }
 
-/** A host agent, acting for its own node. */
-export function requireNode(p: Principal | null): string {
-  const who = requireAuth(p);
-  if (!who.nodeId) throw forbidden("a node credential is required");
-  return who.nodeId;
-}
-
-export function requireOperator(p: Principal | null): Principal {
-  const who = requireAuth(p);
-  if (!who.operator) throw forbidden("operator only");
-  return who;
-}
-
 export function requireAuth(p: Principal | null): Principal {
   if (!p) throw new AppError("UNAUTHENTICATED", "a bearer token is required");
   return p;

@@ -3,9 +3,8 @@ import { z } from "zod";
 import { AppError, invalid, notFound } from "../../contracts/errors.ts";
 import { one, type Sql } from "../kernel/db.ts";
 import { sha256Hex } from "../kernel/ids.ts";
-import { parseInput } from "../kernel/validation.ts";
+import { displayName, parseInput } from "../kernel/validation.ts";
 import type { Write } from "../kernel/write.ts";
-import { displayName } from "../tenancy/tenants.ts";
 import { isScope, tenantScopes } from "./scopes.ts";
 
 /** A credential's metadata; the token itself is shown once, at creation, and only its SHA-256 is kept. */

@@ -1,4 +1,3 @@
-import type { Instance } from "../instances/model.ts";
 import type { Write } from "../kernel/write.ts";
 
 /**
@@ -74,8 +73,18 @@ export async function handOverSpan(w: Write, allocationId: string, owner: SpanOw
   );
 }
 
+/** What spanOwner reads of an instance (the books sit below instances, so they name only these columns). */
+export interface MeteredInstance {
+  id: string;
+  tenantId: string;
+  projectId: string | null;
+  /** Set for a warm-pool instance; with `claimedAt` null it is still the operator's. */
+  warmTemplateId: string | null;
+  claimedAt: Date | null;
+}
+
 /** Who an instance's allocation is metered to now: the operator while it is an unclaimed warm instance. */
-export const spanOwner = (inst: Pick<Instance, "id" | "tenantId" | "projectId" | "warmTemplateId" | "claimedAt">): SpanOwner => {
+export const spanOwner = (inst: MeteredInstance): SpanOwner => {
   const warm = inst.warmTemplateId !== null && inst.claimedAt === null;
   return { instanceId: inst.id, tenantId: warm ? null : inst.tenantId, projectId: inst.projectId, warm };
 };

@@ -3,9 +3,8 @@ import { AppError, notFound } from "../../contracts/errors.ts";
 import { one, type Sql } from "../kernel/db.ts";
 import { parseInput } from "../kernel/validation.ts";
 import type { Write } from "../kernel/write.ts";
-import { requirePool } from "../pools/pools.ts";
-import { driverFor } from "../pools/registry.ts";
-import { type GpuClaim, shape } from "./shapes.ts";
+import type { GpuClaim } from "../tenancy/quota.ts";
+import { type Shape, shape } from "./shapes.ts";
 
 /**
  * Flavors are named shapes per pool. Instances copy the shape at admission, so editing or deleting a flavor
@@ -32,15 +31,29 @@ const flavorName = z
 
 type GpuInput = { model: string; count: number }[] | null;
 
+/** A flavor's pool, as the catalog needs it: its name, and its class's word on what it can sell. */
+export interface FlavorPool {
+  name: string;
+  /** INVALID_INPUT for a shape the pool's class cannot sell. */
+  checkFlavor(shape: Shape): void;
+}
+
+/**
+ * Finds a flavor's pool (NOT_FOUND when there is none). The caller's: pool classes live outside the catalog, which
+ * pools depend on (core/pools/pools.ts `flavorPool`).
+ */
+export type FlavorPools = (sql: Sql, poolId: string) => Promise<FlavorPool>;
+
 export async function createFlavor(
   w: Write,
   raw: { poolId: string; name: string; vcpus: number; memoryMib: number; diskGib: number; gpus?: GpuInput },
+  pools: FlavorPools,
 ): Promise<Flavor> {
   const { poolId, name, ...rest } = raw;
   const validName = parseInput(flavorName, name, "input.name");
   const s = parseInput(shape, { ...rest, gpus: rest.gpus ?? [] });
-  const pool = await requirePool(w.sql, poolId);
-  driverFor(pool.class).checkFlavor(s);
+  const pool = await pools(w.sql, poolId);
+  pool.checkFlavor(s);
   if (await one(w.sql, `SELECT 1 FROM flavors WHERE pool_id = $1 AND name = $2`, [poolId, validName]))
     throw new AppError("CONFLICT", `flavor ${validName} exists in pool ${pool.name}`);
   const [flavor] = await w.sql.query<Flavor>(
@@ -57,17 +70,18 @@ export async function updateFlavor(
   w: Write,
   id: string,
   raw: { vcpus?: number | null; memoryMib?: number | null; diskGib?: number | null; gpus?: GpuInput },
+  pools: FlavorPools,
 ): Promise<Flavor> {
   const flavor = await one<Flavor>(w.sql, `SELECT ${COLUMNS} FROM flavors WHERE id = $1 FOR UPDATE`, [id]);
   if (!flavor) throw notFound("flavor", id);
-  const pool = await requirePool(w.sql, flavor.poolId);
+  const pool = await pools(w.sql, flavor.poolId);
   const s = parseInput(shape, {
     vcpus: raw.vcpus ?? flavor.vcpus,
     memoryMib: raw.memoryMib ?? flavor.memoryMib,
     diskGib: raw.diskGib ?? flavor.diskGib,
     gpus: raw.gpus ?? flavor.gpus,
   });
-  driverFor(pool.class).checkFlavor(s);
+  pool.checkFlavor(s);
   const [updated] = await w.sql.query<Flavor>(
     `UPDATE flavors SET vcpus = $2, memory_mib = $3, disk_gib = $4, gpus = $5::jsonb, updated_at = $6 WHERE id = $1 RETURNING ${COLUMNS}`,
     [id, s.vcpus, s.memoryMib, s.diskGib, JSON.stringify(s.gpus), w.now],

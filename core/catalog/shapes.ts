@@ -1,9 +1,5 @@
 import { z } from "zod";
-
-/** GPUs are whole and named by model, e.g. `nvidia-l40s`. */
-export const gpuModel = z.string().regex(/^[a-z0-9][a-z0-9._-]{0,62}$/, "GPU models are lower-case letters, digits, . _ -");
-export const gpuClaim = z.object({ model: gpuModel, count: z.number().int().min(1).max(16) });
-export type GpuClaim = z.infer<typeof gpuClaim>;
+import { type Charge, gpuClaim } from "../tenancy/quota.ts";
 
 /** A flavor's shape, with bounds a real host could satisfy; anything outside is a typo, not a request. */
 export const shape = z
@@ -28,8 +24,8 @@ export const shape = z
 export type Shape = z.infer<typeof shape>;
 
 /** Quota resources a shape consumes. Instances count one each; GPUs count per model. */
-export function chargeOf(s: Shape): Record<string, number> {
-  const charge: Record<string, number> = { instances: 1, vcpus: s.vcpus, memory_mib: s.memoryMib, disk_gib: s.diskGib };
+export function chargeOf(s: Shape): Charge {
+  const charge: Charge = { instances: 1, vcpus: s.vcpus, memory_mib: s.memoryMib, disk_gib: s.diskGib };
   for (const g of s.gpus) charge[`gpu:${g.model}`] = g.count;
   return charge;
 }

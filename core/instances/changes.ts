@@ -3,7 +3,6 @@ import { notFound } from "../../contracts/errors.ts";
 import { type Principal, visibleTo } from "../auth/principal.ts";
 import type { Statement } from "../kernel/db.ts";
 import type { Write } from "../kernel/write.ts";
-import { sameSpecView, specNodes, specsBumpedSql } from "../pools/hosted/generations.ts";
 import { releaseQuota } from "../tenancy/quota.ts";
 import { INSTANCE_COLUMNS, type Instance } from "./model.ts";
 import { assertTransition, type DesiredState, type InstanceState } from "./state.ts";
@@ -56,18 +55,52 @@ const settable = {
 } as const;
 export type InstanceSet = Partial<Record<keyof typeof settable, unknown>>;
 
-/** Columns whose change alters the instance's part of its node's spec. */
-const SPEC_FIELDS: readonly (keyof typeof settable)[] = [
-  "node_id",
-  "allocation_id",
-  "vcpus",
-  "memory_mib",
-  "disk_gib",
-  "gpus",
-  "addresses",
-  "env",
-  "network_policy",
-];
+/** A change as a ChangeHook sees it, as its statement is built: `$1` binds the instance's id, `$2` the write's time. */
+export interface ChangeView {
+  /** The row as the caller knows it (a guarded change's caller has not read it: see changeStatement). */
+  inst: Pick<Instance, "id" | "state" | "desiredState" | "nodeId">;
+  set: InstanceSet;
+  /** Where the change leaves the row: its state, desired state and node. */
+  to: InstanceState;
+  desired: DesiredState;
+  nodeId: string | null;
+  /** The change's guard, as SQL to append to a condition on the `instances` row (`` AND (…)``), or "" for none. */
+  guard: string;
+  /** changeStatement's `rowNode`: the row's node is the one it names, which the caller has not read. */
+  rowNode: boolean;
+}
+
+/** What a ChangeHook adds to a change's one statement. */
+export interface ChangeParts {
+  /**
+   * WITH parts that run before the instance's UPDATE, which holds the row locked already, so rows they lock are
+   * taken after it, in the one lock order. Names other than `i`, `e` and the caller's parts.
+   */
+  before: string[];
+  /** More assignments of the UPDATE (they may read the parts before it). */
+  assignments: string[];
+  /** An SQL expression returned with the changed row (over the parts before it); `applied` gets its value. */
+  returned: string;
+  /** Once the statement has run and changed the row: record on the Write what the parts did. */
+  applied(w: Write, value: unknown): void;
+}
+
+/**
+ * What a pool class adds to every instance change, in the change's own statement: not a statement or a round
+ * trip of its own, on the platform's hottest path (hosted pools: the spec generations of the nodes the change
+ * concerns, core/pools/hosted/generations.ts). Pool drivers bring theirs (PoolDriver.changeHook) and the registry
+ * sets them here when the drivers are registered: instances know no pool class. `add` binds a parameter.
+ */
+export interface ChangeHook {
+  parts(change: ChangeView, add: (v: unknown) => string): ChangeParts | null;
+}
+
+/** Set with the pool drivers (core/pools/registry.ts); undefined until then, which no change may run without. */
+let hooks: readonly ChangeHook[] | undefined;
+
+export function setChangeHooks(list: readonly ChangeHook[]): void {
+  hooks = list;
+}
 
 /** The WITH part of writeChange's statement that holds the changed row: statements riding in it may read it. */
 export const CHANGED_ROW = "i";
@@ -86,7 +119,8 @@ export async function writeChange(w: Write, inst: Instance, set: InstanceSet, re
   return applied;
 }
 
-type ChangedRow = Instance & { eventId: string; specs: { nodeId: string; generation: number }[] | null };
+/** `hooked`: what each ChangeHook's part returned, in order (null when none took part). */
+type ChangedRow = Instance & { eventId: string; hooked: unknown[] | null };
 
 /**
  * writeChange's statement, for a caller that sends it itself (with others, in one message: Sql.commitBatch),
@@ -97,8 +131,8 @@ type ChangedRow = Instance & { eventId: string; specs: { nodeId: string; generat
  * WITH parts the statement carries (after the change and its event, so they may read CHANGED_ROW). The
  * write's closing parts (`last`) run whether or not the guard holds: a guarded change's audit row, if it owes
  * one, is the caller's to make conditional (Write.auditInStatement, in `parts`). `rowNode`: the instance stays
- * on the node its row names, which the caller has not read (its `inst.nodeId` says nothing): the generation of
- * that node moves, if the change needs it to, only where the guard holds. Such a caller must hold the row
+ * on the node its row names, which the caller has not read (its `inst.nodeId` says nothing): what the hooks do
+ * for that node (hosted pools: its spec generation) is done only where the guard holds. Such a caller must hold the row
  * locked by an earlier statement of its transaction (instanceLockStatement), so that the node's row is still
  * taken after it, in the one lock order.
  */
@@ -116,16 +150,11 @@ export function changeStatement(
   } = {},
 ): { text: string; params: unknown[]; applied(rows: ChangedRow[]): Instance | null } {
   if (opts.rowNode && "node_id" in set) throw new Error("a change that moves an instance to a node must know the node it leaves");
+  if (!hooks) throw new Error("instance changes need the pool drivers' hooks: the process must register its drivers first (core/drivers.ts)");
   const to = (set.state as InstanceState | undefined) ?? inst.state;
   if (to !== inst.state) assertTransition(inst.state, to);
-  // The nodes it leaves and joins get a new spec generation in this same transaction; a host report is
-  // stale for this instance until it echoes at least the generation of its node after this change.
+  const asked = set;
   const nextNode = "node_id" in set ? (set.node_id as string | null) : inst.nodeId;
-  const nextDesired = (set.desired_state as DesiredState | undefined) ?? inst.desiredState;
-  // A step that leaves what the host is told unchanged (provisioning → starting → running on the host's own
-  // report) keeps the generation, so the report that caused it still counts and the next step follows
-  // without another round trip through the agent. Anything else the host must see, and confirm, anew.
-  const neutral = nextNode === inst.nodeId && !SPEC_FIELDS.some((f) => f in set) && sameSpecView(inst.state, inst.desiredState, to, nextDesired);
   // What the old host saw says nothing about the new one (and generations are per node).
   if (nextNode !== inst.nodeId) set = { ...set, observed_state: null, observed_error: null, observed_generation: -1 };
   const params: unknown[] = [inst.id, w.now, inst.state, reason, w.actor];
@@ -136,25 +165,14 @@ export function changeStatement(
     return `${col} = ${add(type === "jsonb" ? JSON.stringify(value) : value)}::${type}`;
   });
   for (const [col, expr] of Object.entries(opts.computed ?? {})) assignments.push(`${col} = ${(expr as (a: typeof add) => string)(add)}`);
-  // The generations move in the same statement (specsBumpedSql): the instance row is locked already, so the
-  // node rows are still taken after it, in the one lock order.
-  const nodes = neutral ? [] : specNodes([inst.nodeId, nextNode]);
-  // The generations' statement would run whether or not the guard held, unless it reads the node from the row.
-  if (opts.guard && nodes.length && !opts.rowNode) throw new Error(`a guarded change must leave the host's spec as it is (${inst.state} → ${to})`);
-  const bumped = neutral
-    ? null
-    : opts.rowNode
-      ? specsBumpedSql(`ARRAY(SELECT node_id FROM instances WHERE id = $1 AND node_id IS NOT NULL${guard})`)
-      : nodes.length
-        ? specsBumpedSql(add(nodes))
-        : null;
-  if (bumped)
-    assignments.push(
-      `spec_generation = COALESCE((SELECT generation FROM g WHERE "nodeId" = ${opts.rowNode ? "instances.node_id" : `${add(nextNode)}::text`}), spec_generation)`,
-    );
+  // What the pool classes add (hosted: the nodes' spec generations), in this statement, before the UPDATE.
+  const nextDesired = (set.desired_state as DesiredState | undefined) ?? inst.desiredState;
+  const view: ChangeView = { inst, set: asked, to, desired: nextDesired, nodeId: nextNode, guard, rowNode: opts.rowNode ?? false };
+  const hooked = hooks.flatMap((h) => h.parts(view, add) ?? []);
+  for (const p of hooked) assignments.push(...p.assignments);
   const extra = opts.parts?.(add) ?? [];
   const closing = opts.last ? w.closingParts(add) : [];
-  const text = `WITH ${bumped ? `g AS (${bumped}),` : ""}
+  const text = `WITH ${hooked.flatMap((p) => p.before.map((part) => `${part},`)).join("")}
      ${CHANGED_ROW} AS (
        UPDATE instances SET ${[...assignments, "version = version + 1", "updated_at = $2"].join(", ")} WHERE id = $1${guard} RETURNING *),
      e AS (
@@ -162,15 +180,15 @@ export function changeStatement(
        SELECT id, tenant_id, pool_id, project_id, $3, state, desired_state, $4, $5, version, $2 FROM ${CHANGED_ROW} RETURNING id)
      ${[...extra, ...closing].map((part) => `, ${part}`).join("")}
      SELECT ${INSTANCE_COLUMNS}, (SELECT id::text FROM e) AS "eventId",
-            ${bumped ? `(SELECT json_agg(json_build_object('nodeId', "nodeId", 'generation', generation)) FROM g)` : "NULL"} AS specs FROM ${CHANGED_ROW}`;
+            ${hooked.length ? `json_build_array(${hooked.map((p) => p.returned).join(", ")})` : "NULL"} AS hooked FROM ${CHANGED_ROW}`;
   return {
     text,
     params,
     applied(rows) {
       const [row] = rows;
       if (!row) return null;
-      const { eventId, specs, ...instance } = row;
-      for (const s of specs ?? []) w.spec(s.nodeId, s.generation);
+      const { eventId, hooked: returned, ...instance } = row;
+      for (const [k, p] of hooked.entries()) p.applied(w, returned?.[k] ?? null);
       w.event(eventMessage(instance, inst.state, eventId), {
         desiredState: instance.desiredState,
         reason,

@@ -1,6 +1,5 @@
 import type { NetworkPolicy, ObservedState } from "../../contracts/host.ts";
-import type { GpuClaim } from "../catalog/shapes.ts";
-import type { Charge } from "../tenancy/quota.ts";
+import type { Charge, GpuClaim } from "../tenancy/quota.ts";
 import type { DesiredState, InstanceState } from "./state.ts";
 
 /** Why an instance is not where it should be (Unschedulable, RuntimeError, ProviderError). */

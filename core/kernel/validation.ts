@@ -16,5 +16,11 @@ export const resourceName = z
   .trim()
   .regex(/^[a-z0-9][a-z0-9-]{0,62}$/, "1 to 63 lower-case letters, digits and hyphens");
 
+/** Names of tenants, projects and tokens: what a person types and reads. */
+export const displayName = z
+  .string()
+  .trim()
+  .regex(/^[A-Za-z0-9][A-Za-z0-9 ._-]{0,62}$/, "1 to 63 letters, digits, space . _ - (starting with a letter or digit)");
+
 /** A client's idempotency key (instances, sandboxes). */
 export const idempotencyKey = z.string().regex(/^[\x21-\x7e]{1,128}$/, "1 to 128 printable ASCII characters");

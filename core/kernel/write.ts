@@ -51,7 +51,7 @@ export interface EventDetail {
 export class ContendedWrite extends Error {
   readonly code = "40001";
   /**
-   * A first attempt built on a guess that did not hold (power-requests.ts; admission's remembered catalog): run
+   * A first attempt built on a guess that did not hold (core/lifecycle/power-requests.ts; admission's remembered catalog): run
    * again as planned, counted apart from contention, and not taken from the write's retries.
    */
   readonly guess: boolean;

@@ -1,18 +1,18 @@
+import type { DoctorDeps, Finding } from "../books/doctor.ts";
 import type { ImageResolver, ResolvedImage } from "../catalog/images.ts";
 import type { Shape } from "../catalog/shapes.ts";
-import type { InstanceSet } from "../instances/changes.ts";
+import type { ChangeHook, InstanceSet } from "../instances/changes.ts";
 import type { Instance } from "../instances/model.ts";
 import type { DesiredState, InstanceState } from "../instances/state.ts";
 import type { Sql } from "../kernel/db.ts";
 import type { Sealer } from "../kernel/seal.ts";
 import type { Write, WriteOptions } from "../kernel/write.ts";
-import type { ProviderSessions } from "./provider/contract.ts";
 
 /**
  * The pool-driver seam (docs/architecture.md, "Pool drivers"). Where an instance runs, what it holds there and
  * how it converges depend on its pool's class; everything that differs lives behind this interface, one driver
  * per class, found through the registry. Admission, the lifecycle operations and the reconciler ask the driver
- * and never compare class names. A new kind of pool is a new driver registered in registry.ts.
+ * and never compare class names. A new kind of pool is a new driver, registered with the built-ins (core/drivers.ts).
  */
 
 /** A pool, as the domain reads it. `class` names its driver. */
@@ -119,12 +119,13 @@ export interface DriverDeps {
 
 /**
  * What a driver that talks to something outside the database needs for `sync`: the write path, plain reads,
- * the worker's provider sessions, the sealer (user data goes to the provider), pacing and a log.
+ * the sealer (user data goes to the provider), pacing and a log. A class adds what only it needs by declaration
+ * merging, so the seam names no class: the provider class adds the worker's provider sessions
+ * (core/pools/provider/driver.ts).
  */
 export interface SyncIo {
   write<T>(opts: WriteOptions, fn: (w: Write) => Promise<T>): Promise<T>;
   read<T>(fn: (sql: Sql) => Promise<T>): Promise<T>;
-  providers: ProviderSessions;
   sealer: Sealer;
   poll: { minMs: number; maxMs: number };
   /** How long a run creating a provider machine holds its instance (renewed while it works). */
@@ -157,4 +158,8 @@ export interface PoolDriver {
    * happened through guarded writes. Returns how long to wait before looking again, or null to rest until woken.
    */
   sync?(io: SyncIo, instanceId: string): Promise<number | null>;
+  /** What the class adds to every instance change's statement (hosted: the nodes' spec generations); registered with the driver. */
+  readonly changeHook?: ChangeHook;
+  /** The doctor's checks of this class's pools and what they stand on (hosts, provider accounts). */
+  doctor?(sql: Sql, deps: DoctorDeps): Promise<Finding[]>;
 }

@@ -1,12 +1,12 @@
 import { z } from "zod";
 import { AppError, notFound } from "../../contracts/errors.ts";
 import { type Principal, visibleTo } from "../auth/principal.ts";
+import type { FlavorPool } from "../catalog/flavors.ts";
 import { INSTANCE_COLUMNS, type Instance } from "../instances/model.ts";
 import { one, type Sql, type Statement } from "../kernel/db.ts";
 import { parseInput, resourceName } from "../kernel/validation.ts";
 import type { Write } from "../kernel/write.ts";
 import type { DriverDeps, Pool, PoolInput } from "./driver.ts";
-import { leasableCount } from "./hosted/ipam.ts";
 import { driverFor } from "./registry.ts";
 
 const poolInput = z.object({
@@ -94,13 +94,9 @@ export async function requirePool(sql: Sql, id: string): Promise<Pool> {
   return pool;
 }
 
-/** A hosted pool's range and how much of it is leased; null for pools without one. */
-export async function ipamOf(sql: Sql, poolId: string): Promise<{ range: string; total: number; used: number } | null> {
-  const row = await one<{ cidr: string; prefix: number; used: number }>(
-    sql,
-    `SELECT ip.cidr, ip.prefix, (SELECT count(*)::int FROM ip_addresses a WHERE a.ip_pool_id = ip.id AND a.instance_id IS NOT NULL) AS used
-       FROM ip_pools ip WHERE ip.pool_id = $1`,
-    [poolId],
-  );
-  return row ? { range: row.cidr, total: leasableCount({ size: 2 ** (32 - row.prefix) }), used: row.used } : null;
+/** A flavor's pool for the catalog's checks (core/catalog/flavors.ts): NOT_FOUND when there is none. */
+export async function flavorPool(sql: Sql, id: string): Promise<FlavorPool> {
+  const pool = await requirePool(sql, id);
+  const driver = driverFor(pool.class);
+  return { name: pool.name, checkFlavor: (shape) => driver.checkFlavor(shape) };
 }

@@ -11,7 +11,7 @@ import type { Write } from "../kernel/write.ts";
  * refused while the tenant's kept output, each unfinished exec counted at the full per-exec cap, leaves no room.
  *
  * The tally lives in the command's `result` under `output` ({ bytes, truncated }) while it runs; the host's final
- * result is merged over it (core/pools/hosted/commands.ts), so the exec's end still says it was truncated.
+ * result is merged over it (core/commands/commands.ts), so the exec's end still says it was truncated.
  */
 export interface ExecOutputCaps {
   execOutputBytes: number;

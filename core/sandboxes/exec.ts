@@ -1,10 +1,10 @@
 import { AppError, invalid } from "../../contracts/errors.ts";
 import { type ExecChunk, type ExecResult, execRequest, execResult } from "../../contracts/host.ts";
 import type { Principal } from "../auth/principal.ts";
+import { enqueueCommand } from "../commands/commands.ts";
 import { one, type Sql } from "../kernel/db.ts";
 import { parseInput } from "../kernel/validation.ts";
 import type { Write } from "../kernel/write.ts";
-import { enqueueCommand } from "../pools/hosted/commands.ts";
 import { checkTenantOutput, EXEC_GRACE_MS, EXEC_MAX_MS, EXEC_OUTPUT_CAPS, type ExecOutputCaps, tallyOf } from "./exec-output.ts";
 import { lockSandbox } from "./sandboxes.ts";
 

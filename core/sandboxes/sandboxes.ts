@@ -4,14 +4,14 @@ import type { Principal } from "../auth/principal.ts";
 import { visibleTo } from "../auth/principal.ts";
 import { handOverSpan, spanOwner } from "../books/spans.ts";
 import { chargeOf } from "../catalog/shapes.ts";
-import { type AdmissionDeps, admitInstance } from "../instances/admission.ts";
+import { enqueueCommand, POWER_COMMAND_MS } from "../commands/commands.ts";
 import { lockInstance, writeChange } from "../instances/changes.ts";
 import { INSTANCE_COLUMNS, type Instance } from "../instances/model.ts";
 import { one, type Sql } from "../kernel/db.ts";
 import { derivedId } from "../kernel/ids.ts";
 import { idempotencyKey, parseInput } from "../kernel/validation.ts";
 import type { Write } from "../kernel/write.ts";
-import { enqueueCommand, POWER_COMMAND_MS } from "../pools/hosted/commands.ts";
+import { type AdmissionDeps, admitInstance } from "../lifecycle/admission.ts";
 import { chargeQuota } from "../tenancy/quota.ts";
 import { lockSandbox, SANDBOX_COLUMNS, type Sandbox } from "./model.ts";
 import { restorable } from "./snapshots.ts";
@@ -43,7 +43,7 @@ export async function createSandbox(w: Write, deps: AdmissionDeps, who: Principa
   if (!input.templateId === !input.snapshotId) throw invalid("input: name a templateId or a snapshotId", { path: "input.templateId" });
   const key = input.idempotencyKey ?? deps.newIdempotencyKey();
   const id = sandboxId(who.tenantId, who.identityId, key);
-  // Keyed like instances' request hashes (core/instances/admission.ts), so both columns read the same way.
+  // Keyed like instances' request hashes (core/lifecycle/admission.ts), so both columns read the same way.
   const requestHash = deps.sealer.digest(JSON.stringify([input.templateId ?? null, input.snapshotId ?? null, input.ttlSeconds ?? null]), id);
   await w.sql.query(`SELECT pg_advisory_xact_lock(hashtextextended($1, 0))`, [id]);
   const existing = await one<Sandbox>(w.sql, `SELECT ${SANDBOX_COLUMNS} FROM sandboxes s WHERE s.id = $1`, [id]);

@@ -1,8 +1,8 @@
 import { AppError, notFound } from "../../contracts/errors.ts";
 import { type Principal, visibleTo } from "../auth/principal.ts";
-import { type CommandDeps, snapshotInstance } from "../instances/snapshots.ts";
 import { one, type Sql } from "../kernel/db.ts";
 import type { Write } from "../kernel/write.ts";
+import { type CommandDeps, snapshotInstance } from "../lifecycle/snapshots.ts";
 import { lockSandbox } from "./model.ts";
 
 /**

@@ -1,8 +1,8 @@
 import { randomUUID } from "node:crypto";
 import { isAppError } from "../../contracts/errors.ts";
-import { type AdmissionDeps, admitInstance } from "../instances/admission.ts";
 import { lockInstance, writeChange } from "../instances/changes.ts";
 import type { Write } from "../kernel/write.ts";
+import { type AdmissionDeps, admitInstance } from "../lifecycle/admission.ts";
 import { envOf, type SandboxTemplate, TEMPLATE_COLUMNS } from "./templates.ts";
 
 /**

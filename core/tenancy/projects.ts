@@ -1,9 +1,8 @@
 import { z } from "zod";
 import { AppError, notFound } from "../../contracts/errors.ts";
 import { one, type Sql } from "../kernel/db.ts";
-import { parseInput } from "../kernel/validation.ts";
+import { displayName, parseInput } from "../kernel/validation.ts";
 import type { Write } from "../kernel/write.ts";
-import { displayName } from "./tenants.ts";
 
 /** A tenant's way to group instances; events and lists can be narrowed to one. */
 export interface Project {

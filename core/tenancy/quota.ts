@@ -1,10 +1,14 @@
 import { z } from "zod";
 import { AppError } from "../../contracts/errors.ts";
-import { gpuClaim } from "../catalog/shapes.ts";
 import type { Sql } from "../kernel/db.ts";
 import { parseInput } from "../kernel/validation.ts";
 
 export type Charge = Record<string, number>;
+
+/** GPUs are whole and named by model, e.g. `nvidia-l40s`; quota counts them by model (`gpu:<model>`). */
+export const gpuModel = z.string().regex(/^[a-z0-9][a-z0-9._-]{0,62}$/, "GPU models are lower-case letters, digits, . _ -");
+export const gpuClaim = z.object({ model: gpuModel, count: z.number().int().min(1).max(16) });
+export type GpuClaim = z.infer<typeof gpuClaim>;
 
 /** The resources every tenant has a usage row for from its creation; GPU models get theirs on first use. */
 export const SCALAR_RESOURCES = ["disk_gib", "instances", "memory_mib", "vcpus"] as const;

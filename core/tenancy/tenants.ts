@@ -1,7 +1,7 @@
 import { z } from "zod";
 import { AppError, notFound } from "../../contracts/errors.ts";
 import { one, type Sql } from "../kernel/db.ts";
-import { parseInput } from "../kernel/validation.ts";
+import { displayName, parseInput } from "../kernel/validation.ts";
 import type { Write } from "../kernel/write.ts";
 import { ensureUsageRows, type QuotaInput, quotaInput, SCALAR_RESOURCES, setQuotaLimits } from "./quota.ts";
 
@@ -16,12 +16,6 @@ export interface Tenant {
 
 export const TENANT_COLUMNS = `id, name, created_at AS "createdAt", deleted_at AS "deletedAt"`;
 const COLUMNS = TENANT_COLUMNS;
-
-/** Names of tenants, projects and tokens: what a person types and reads. */
-export const displayName = z
-  .string()
-  .trim()
-  .regex(/^[A-Za-z0-9][A-Za-z0-9 ._-]{0,62}$/, "1 to 63 letters, digits, space . _ - (starting with a letter or digit)");
 
 export async function createTenant(w: Write, raw: { name: string; quota?: QuotaInput | null }): Promise<Tenant> {
   const input = parseInput(z.object({ name: displayName, quota: quotaInput.nullish() }), raw);

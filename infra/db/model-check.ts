@@ -1,10 +1,10 @@
 import type { ApiToken } from "../../core/auth/tokens.ts";
 import type { Flavor } from "../../core/catalog/flavors.ts";
 import type { Image } from "../../core/catalog/images.ts";
+import type { HostCommandRow } from "../../core/commands/commands.ts";
 import type { Instance } from "../../core/instances/model.ts";
-import type { Snapshot } from "../../core/instances/snapshots.ts";
+import type { Snapshot } from "../../core/lifecycle/snapshots.ts";
 import type { Pool } from "../../core/pools/driver.ts";
-import type { HostCommandRow } from "../../core/pools/hosted/commands.ts";
 import type { Node } from "../../core/pools/hosted/nodes.ts";
 import type { ProviderAccount } from "../../core/pools/provider/accounts.ts";
 import type { Project } from "../../core/tenancy/projects.ts";

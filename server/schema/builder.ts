@@ -1,7 +1,14 @@
 import SchemaBuilder from "@pothos/core";
 import ComplexityPlugin from "@pothos/plugin-complexity";
-import { GraphQLError, Kind } from "graphql";
+import ScopeAuthPlugin, { type AuthFailure, AuthScopeFailureType } from "@pothos/plugin-scope-auth";
+import { GraphQLError, type GraphQLResolveInfo, Kind } from "graphql";
+import { AppError, forbidden } from "../../contracts/errors.ts";
+import type { Principal } from "../../core/auth/principal.ts";
+import type { Scope } from "../../core/auth/scopes.ts";
 import type { Context } from "../context.ts";
+
+/** A field's context once its authScopes let the caller in: the principal is there, with what the scope promised. */
+export type Admitted<Extra = unknown> = Context & { principal: Principal & Extra };
 
 export const builder = new SchemaBuilder<{
   Context: Context;
@@ -10,14 +17,62 @@ export const builder = new SchemaBuilder<{
     DateTime: { Input: Date; Output: Date };
     JSON: { Input: unknown; Output: unknown };
   };
+  /** Who may call a field, declared on it (`t.withAuth({ … })`); several scopes in one declaration are alternatives. */
+  AuthScopes: {
+    /** Anyone: the field checks a credential of its own (joinNode's join token). */
+    public: boolean;
+    /** Any credential: an API token, the operator's, a host's. */
+    authenticated: boolean;
+    operator: boolean;
+    /** A host agent's node credential. */
+    node: boolean;
+    /** A tenant's token holding this scope. Operators hold none: `{ operator: true, tenantScope: … }` admits both. */
+    tenantScope: Scope;
+  };
+  AuthContexts: {
+    authenticated: Admitted;
+    operator: Admitted;
+    node: Admitted<{ nodeId: string }>;
+    tenantScope: Admitted<{ tenantId: string }>;
+  };
 }>({
   defaultFieldNullability: false,
-  plugins: [ComplexityPlugin],
+  plugins: [ScopeAuthPlugin, ComplexityPlugin],
+  scopeAuth: {
+    // A subscription's scopes are checked once, before its subscribe function runs (a refusal is the
+    // subscription's error), not again for each event.
+    authorizeOnSubscribe: true,
+    authScopes: ({ principal: p }) => ({
+      public: true,
+      authenticated: p !== null,
+      operator: p?.operator === true,
+      node: !!p?.nodeId,
+      tenantScope: (scope) => p !== null && p.tenantId !== null && p.scopes.has(scope),
+    }),
+    unauthorizedError: (_parent, ctx, info, { failure }) => refusal(ctx.principal, failure, info),
+  },
   // Each field's cost, for the budget of server/limits/: 1, and a list's items count as many times as it holds
   // (10 unless the field says, as a page does with `first`). The budget is checked before execution, with the
   // request's variables, so the plugin's own check while resolving is off.
   complexity: { defaultComplexity: 1, defaultListMultiplier: 10, disabled: true },
 });
+
+/**
+ * What a caller a field's scopes refused is told: UNAUTHENTICATED without a credential, FORBIDDEN naming what the
+ * field needs otherwise. Whether a given object is the caller's is not asked here: another tenant's object is
+ * NOT_FOUND, from core/.
+ */
+function refusal(p: Principal | null, failure: AuthFailure, info: GraphQLResolveInfo): AppError {
+  if (!p) return new AppError("UNAUTHENTICATED", "a bearer token is required");
+  return forbidden(`${info.parentType.name}.${info.fieldName} needs ${needs(failure).join(" or ") || "another credential"}`);
+}
+
+function needs(f: AuthFailure): string[] {
+  if (f.kind === AuthScopeFailureType.AnyAuthScopes || f.kind === AuthScopeFailureType.AllAuthScopes) return f.failures.flatMap(needs);
+  if (f.kind !== AuthScopeFailureType.AuthScope) return [];
+  if (f.scope === "tenantScope") return [`a tenant's token with scope ${String(f.parameter)}`];
+  return [{ operator: "an operator", node: "a node credential", authenticated: "a credential" }[f.scope] ?? f.scope];
+}
 
 builder.queryType({});
 builder.mutationType({});

@@ -1,7 +1,6 @@
-import { forbidden } from "../../contracts/errors.ts";
-import { requireOperator } from "../../core/auth/principal.ts";
 import { accountingDrift, type Drift as DriftRow } from "../../core/books/accounting.ts";
-import { doctor, type Finding as FindingRow } from "../../core/books/doctor.ts";
+import type { Finding as FindingRow } from "../../core/books/doctor.ts";
+import { doctor } from "../../core/pools/doctor.ts";
 import { builder } from "./builder.ts";
 import { Pool } from "./pools.ts";
 
@@ -43,22 +42,18 @@ const Accounting = builder.objectRef<{ drift: DriftRow[] }>("Accounting").implem
 });
 
 builder.objectField(Pool, "accounting", (t) =>
-  t.field({
+  t.withAuth({ operator: true }).field({
     type: Accounting,
     description: "Operators: the pool's allocations, leases and its tenants' quota charges against its live instances, read now.",
-    resolve: async (p, _a, ctx) => {
-      if (!ctx.principal?.operator) throw forbidden("a pool's accounting is visible to operators only");
-      return { drift: await ctx.platform.read((sql) => accountingDrift(sql, p.id)) };
-    },
+    resolve: async (p, _a, ctx) => ({ drift: await ctx.platform.read((sql) => accountingDrift(sql, p.id)) }),
   }),
 );
 
 builder.queryField("doctor", (t) =>
-  t.field({
+  t.withAuth({ operator: true }).field({
     type: [Finding],
     description: "Operators: what needs fixing — pools, hosts, provider accounts, warm pools, and the accounting audit.",
     resolve: (_r, _a, ctx) => {
-      requireOperator(ctx.principal);
       const { config } = ctx.platform;
       return ctx.platform.read((sql) => doctor(sql, { runtimes: config.vps.runtimes, lostGraceMs: config.hosts.lostGraceMs, now: ctx.platform.now() }));
     },

@@ -1,5 +1,4 @@
 import { AppError } from "../../contracts/errors.ts";
-import { requireRead } from "../../core/auth/principal.ts";
 import { eventsHorizon } from "../../core/books/retention.ts";
 import { cursorOf, type EventFilter, eventFilter, headPosition, instanceFilter, parseCursor, type WatchedEvent } from "../../core/instances/events.ts";
 import type { Context } from "../context.ts";
@@ -61,18 +60,17 @@ export async function watch(ctx: Context, filter: EventFilter, after: string | n
   return hub.watch(conn, filter, from, { frames: opts.asIs ? frames : undefined, replay, signal });
 }
 
+const readsInstances = { operator: true, tenantScope: "compute:instances:read" } as const;
+
 builder.queryFields((t) => ({
-  instanceEventsCursor: t.string({
+  instanceEventsCursor: t.withAuth(readsInstances).string({
     description: "The cursor of the newest event. Read state, then subscribe with `after` set to this, and nothing that happens in between is missed.",
-    resolve: async (_r, _a, ctx) => {
-      requireRead(ctx.principal, "compute:instances:read");
-      return cursorOf(await ctx.platform.read(headPosition));
-    },
+    resolve: async (_r, _a, ctx) => cursorOf(await ctx.platform.read(headPosition)),
   }),
 }));
 
 builder.subscriptionFields((t) => ({
-  instanceEvents: t.field({
+  instanceEvents: t.withAuth(readsInstances).field({
     type: InstanceEvent,
     description:
       "Every change of the instances the caller can see (tenants: their tenant's; operators: all), narrowed by pool or project. " +
@@ -87,7 +85,7 @@ builder.subscriptionFields((t) => ({
     },
     resolve: (e) => e,
   }),
-  instanceChanged: t.field({
+  instanceChanged: t.withAuth(readsInstances).field({
     type: InstanceEvent,
     description: "The changes of one instance; NOT_FOUND unless the caller can read it. `after` resumes as for instanceEvents.",
     args: { id: t.arg.id({ required: true }), after: t.arg.string() },

@@ -1,5 +1,5 @@
-import { requireOperator, requireRead } from "../../core/auth/principal.ts";
 import { createFlavor, deleteFlavor, type Flavor as FlavorRow, listFlavors, updateFlavor } from "../../core/catalog/flavors.ts";
+import { flavorPool } from "../../core/pools/pools.ts";
 import { mutate } from "../context.ts";
 import { builder, GpuCount, GpuCountInput } from "./builder.ts";
 
@@ -35,39 +35,27 @@ const UpdateFlavorInput = builder.inputType("UpdateFlavorInput", {
 });
 
 builder.queryField("flavors", (t) =>
-  t.field({
+  t.withAuth({ operator: true, tenantScope: "compute:pools:read" }).field({
     type: [Flavor],
     args: { poolId: t.arg.id({ required: true }) },
-    resolve: (_r, { poolId }, ctx) => {
-      requireRead(ctx.principal, "compute:pools:read");
-      return ctx.platform.read((sql) => listFlavors(sql, String(poolId)));
-    },
+    resolve: (_r, { poolId }, ctx) => ctx.platform.read((sql) => listFlavors(sql, String(poolId))),
   }),
 );
 
 builder.mutationFields((t) => ({
-  createFlavor: t.field({
+  createFlavor: t.withAuth({ operator: true }).field({
     type: Flavor,
     args: { input: t.arg({ type: CreateFlavorInput, required: true }) },
-    resolve: (_r, { input }, ctx, info) => {
-      requireOperator(ctx.principal);
-      return mutate(ctx, info, (w) => createFlavor(w, { ...input, poolId: String(input.poolId) }));
-    },
+    resolve: (_r, { input }, ctx, info) => mutate(ctx, info, (w) => createFlavor(w, { ...input, poolId: String(input.poolId) }, flavorPool)),
   }),
-  updateFlavor: t.field({
+  updateFlavor: t.withAuth({ operator: true }).field({
     type: Flavor,
     args: { id: t.arg.id({ required: true }), input: t.arg({ type: UpdateFlavorInput, required: true }) },
-    resolve: (_r, { id, input }, ctx, info) => {
-      requireOperator(ctx.principal);
-      return mutate(ctx, info, (w) => updateFlavor(w, String(id), input));
-    },
+    resolve: (_r, { id, input }, ctx, info) => mutate(ctx, info, (w) => updateFlavor(w, String(id), input, flavorPool)),
   }),
-  deleteFlavor: t.field({
+  deleteFlavor: t.withAuth({ operator: true }).field({
     type: Flavor,
     args: { id: t.arg.id({ required: true }) },
-    resolve: (_r, { id }, ctx, info) => {
-      requireOperator(ctx.principal);
-      return mutate(ctx, info, (w) => deleteFlavor(w, String(id)));
-    },
+    resolve: (_r, { id }, ctx, info) => mutate(ctx, info, (w) => deleteFlavor(w, String(id))),
   }),
 }));

@@ -2,11 +2,10 @@ import { z } from "zod";
 import type { Channels } from "../../contracts/channels.ts";
 import { commandReport, execChunk, type HostCommand, type NodeSpecChange, statusReport } from "../../contracts/host.ts";
 import { tracePoint } from "../../contracts/trace.ts";
-import { requireNode, requireOperator } from "../../core/auth/principal.ts";
-import { INLINE_PASSES, reconcileNews } from "../../core/instances/reconciler.ts";
-import { recordHostReport } from "../../core/instances/snapshots.ts";
+import { commandsForNode } from "../../core/commands/commands.ts";
 import { parseInput } from "../../core/kernel/validation.ts";
-import { commandsForNode } from "../../core/pools/hosted/commands.ts";
+import { INLINE_PASSES, reconcileNews } from "../../core/lifecycle/reconciler.ts";
+import { recordHostReport } from "../../core/lifecycle/snapshots.ts";
 import { createJoinToken, joinNode } from "../../core/pools/hosted/enrollment.ts";
 import { declareNodeGone } from "../../core/pools/hosted/nodes.ts";
 import { recordReport } from "../../core/pools/hosted/reports.ts";
@@ -61,27 +60,26 @@ const ttlSeconds = z
   .max(7 * 24 * 3600);
 
 builder.mutationFields((t) => ({
-  createJoinToken: t.field({
+  createJoinToken: t.withAuth({ operator: true }).field({
     type: JoinToken,
     args: { poolId: t.arg.id({ required: true }), ttlSeconds: t.arg.int() },
     resolve: (_r, args, ctx, info) => {
-      requireOperator(ctx.principal);
       const ttl = parseInput(ttlSeconds, args.ttlSeconds ?? ctx.platform.config.hosts.joinTokenTtlSeconds, "ttlSeconds");
       return mutate(ctx, info, (w) => createJoinToken(w, String(args.poolId), ttl));
     },
   }),
-  joinNode: t.field({
+  joinNode: t.withAuth({ public: true }).field({
     type: NodeCredential,
     description: "Trade a join token (the bearer of this call need not be authenticated) for a node and its credential.",
     args: { token: t.arg.string({ required: true }), name: t.arg.string({ required: true }) },
     resolve: (_r, { token, name }, ctx, info) => mutate(ctx, info, (w) => joinNode(w, token, name)),
   }),
-  reportStatus: t.field({
+  reportStatus: t.withAuth({ node: true }).field({
     type: ReportAck,
     description: "A host's StatusReport (host protocol): sent on every change and as a heartbeat.",
     args: { report: t.arg({ type: "JSON", required: true }) },
     resolve: async (_r, { report }, ctx, info) => {
-      const nodeId = requireNode(ctx.principal);
+      const { nodeId } = ctx.principal;
       const parsed = parseInput(statusReport, report, "report");
       const ack = await mutate(ctx, info, (w) => recordReport(w, nodeId, parsed, { passesHereUpTo: INLINE_PASSES }));
       // The news is here: its reconcile passes need no trip through the job queue; one that fails goes there.
@@ -97,32 +95,31 @@ builder.mutationFields((t) => ({
       return ack;
     },
   }),
-  reportCommand: t.field({
+  reportCommand: t.withAuth({ node: true }).field({
     type: CommandAck,
     description: "A host's word on one of its node's commands: `running` when it takes it, then `succeeded` or `failed`.",
     args: { report: t.arg({ type: "JSON", required: true }) },
     resolve: (_r, { report }, ctx, info) => {
-      const nodeId = requireNode(ctx.principal);
+      const { nodeId } = ctx.principal;
       const parsed = parseInput(commandReport, report, "report");
       return mutate(parsed.bulk ? bulkLane(ctx, nodeId) : ctx, info, (w) => recordHostReport(w, nodeId, parsed));
     },
   }),
-  reportExecOutput: t.field({
+  reportExecOutput: t.withAuth({ node: true }).field({
     type: "Boolean",
     description: "A host's output of one of its node's exec commands: numbered chunks, each stored once.",
     args: { commandId: t.arg.id({ required: true }), chunks: t.arg({ type: "JSON", required: true }) },
     resolve: (_r, { commandId, chunks }, ctx, info) => {
-      const nodeId = requireNode(ctx.principal);
+      const { nodeId } = ctx.principal;
       const parsed = parseInput(z.array(execChunk).max(1000), chunks, "chunks");
       return mutate(bulkLane(ctx, nodeId), info, (w) => recordExecOutput(w, nodeId, String(commandId), parsed, ctx.platform.config.sandboxes.execOutputBytes));
     },
   }),
-  declareNodeGone: t.field({
+  declareNodeGone: t.withAuth({ operator: true }).field({
     type: "Boolean",
     description: "The host will not come back: revoke its credential and recreate its instances elsewhere.",
     args: { id: t.arg.id({ required: true }) },
     resolve: async (_r, { id }, ctx, info) => {
-      requireOperator(ctx.principal);
       await mutate(ctx, info, (w) => declareNodeGone(w, String(id)));
       return true;
     },
@@ -270,22 +267,22 @@ async function* commandStream(ctx: Context, nodeId: string) {
 }
 
 builder.subscriptionFields((t) => ({
-  nodeSpec: t.field({
+  nodeSpec: t.withAuth({ node: true }).field({
     type: NodeSpecPayload,
     description: "Host agents: the desired set of the node the credential belongs to.",
-    subscribe: (_r, _a, ctx) => specStream(ctx, requireNode(ctx.principal)),
+    subscribe: (_r, _a, ctx) => specStream(ctx, ctx.principal.nodeId),
     resolve: (payload) => payload,
   }),
-  nodeSpecChanges: t.field({
+  nodeSpecChanges: t.withAuth({ node: true }).field({
     type: NodeSpecChangePayload,
     description: "Host agents: the desired set of the node the credential belongs to, whole first and then as changes.",
-    subscribe: (_r, _a, ctx) => specChangeStream(ctx, requireNode(ctx.principal)),
+    subscribe: (_r, _a, ctx) => specChangeStream(ctx, ctx.principal.nodeId),
     resolve: (payload) => payload,
   }),
-  nodeCommands: t.field({
+  nodeCommands: t.withAuth({ node: true }).field({
     type: NodeCommandPayload,
     description: "Host agents: the one-shot commands for the node the credential belongs to, unfinished ones first.",
-    subscribe: (_r, _a, ctx) => commandStream(ctx, requireNode(ctx.principal)),
+    subscribe: (_r, _a, ctx) => commandStream(ctx, ctx.principal.nodeId),
     resolve: (payload) => payload,
   }),
 }));

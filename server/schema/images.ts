@@ -1,4 +1,3 @@
-import { requireAuth, requireRead } from "../../core/auth/principal.ts";
 import { type Image as ImageRow, listImages, registerImage } from "../../core/catalog/images.ts";
 import { mutate } from "../context.ts";
 import { builder } from "./builder.ts";
@@ -31,23 +30,19 @@ const RegisterImageInput = builder.inputType("RegisterImageInput", {
 });
 
 builder.queryField("images", (t) =>
-  t.field({
+  t.withAuth({ operator: true, tenantScope: "compute:images:read" }).field({
     type: [Image],
     description: "The images the caller can boot: its tenant's and the public ones (operators: all).",
-    resolve: (_r, _a, ctx) => {
-      const p = requireRead(ctx.principal, "compute:images:read");
-      return ctx.platform.read((sql) => listImages(sql, p));
-    },
+    resolve: (_r, _a, ctx) => ctx.platform.read((sql) => listImages(sql, ctx.principal)),
   }),
 );
 
 builder.mutationField("registerImage", (t) =>
-  t.field({
+  t.withAuth({ operator: true, tenantScope: "compute:images:write" }).field({
     type: Image,
     args: { input: t.arg({ type: RegisterImageInput, required: true }) },
     resolve: (_r, { input }, ctx, info) => {
-      const p = requireAuth(ctx.principal);
-      if (!p.operator) requireRead(p, "compute:images:write");
+      const p = ctx.principal;
       const sources = ctx.platform.config.vps.imageSources;
       return mutate(ctx, info, (w) => registerImage(w, p, { ...input, public: input.public ?? undefined, verified: input.verified ?? undefined }, sources));
     },

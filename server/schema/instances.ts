@@ -1,12 +1,12 @@
 import type { GraphQLResolveInfo } from "graphql";
-import { requireTenantScope } from "../../core/auth/principal.ts";
-import { admitInstance } from "../../core/instances/admission.ts";
-import { resizeInstance, setDesiredState } from "../../core/instances/lifecycle.ts";
 import type { Condition as ConditionRow, Instance as InstanceRow } from "../../core/instances/model.ts";
-import { getInstance, type InstancePage, listInstances } from "../../core/instances/queries.ts";
+import { getInstance, listInstances } from "../../core/instances/queries.ts";
 import { type DesiredState as Desired, desiredStates, instanceStates } from "../../core/instances/state.ts";
-import { type Context, mutate } from "../context.ts";
-import { builder, GpuCount } from "./builder.ts";
+import { admitInstance } from "../../core/lifecycle/admission.ts";
+import { resizeInstance, setDesiredState } from "../../core/lifecycle/lifecycle.ts";
+import { mutate } from "../context.ts";
+import { type Admitted, builder, GpuCount } from "./builder.ts";
+import { connection, pageArgs, pageCost } from "./connection.ts";
 
 const upperValues = <T extends string>(values: readonly T[]) =>
   Object.fromEntries(values.map((v) => [v.toUpperCase(), { value: v }])) as { [K in T as Uppercase<K>]: { value: K } };
@@ -58,20 +58,7 @@ export const Instance = builder.objectRef<InstanceRow>("Instance").implement({
   }),
 });
 
-const PageInfo = builder.objectRef<InstancePage["pageInfo"]>("PageInfo").implement({
-  fields: (t) => ({ hasNextPage: t.exposeBoolean("hasNextPage"), endCursor: t.exposeString("endCursor", { nullable: true }) }),
-});
-const InstanceEdge = builder.objectRef<InstancePage["edges"][number]>("InstanceEdge").implement({
-  fields: (t) => ({ cursor: t.exposeString("cursor"), node: t.field({ type: Instance, resolve: (e) => e.node }) }),
-});
-const InstanceConnection = builder.objectRef<InstancePage>("InstanceConnection").implement({
-  fields: (t) => ({
-    // A page's size is counted once, by `instances(first:)`.
-    edges: t.field({ type: [InstanceEdge], complexity: { multiplier: 1 }, resolve: (c) => c.edges }),
-    nodes: t.field({ type: [Instance], complexity: { multiplier: 1 }, resolve: (c) => c.edges.map((e) => e.node) }),
-    pageInfo: t.field({ type: PageInfo, resolve: (c) => c.pageInfo }),
-  }),
-});
+const InstanceConnection = connection("Instance", Instance);
 
 const InstanceOwner = builder.enumType("InstanceOwner", {
   description: "Whose instances a list shows.",
@@ -83,23 +70,22 @@ const InstanceOwner = builder.enumType("InstanceOwner", {
 });
 
 builder.queryFields((t) => ({
-  instance: t.field({
+  instance: t.withAuth({ operator: true, tenantScope: "compute:instances:read" }).field({
     type: Instance,
     nullable: true,
     args: { id: t.arg.id({ required: true }) },
     resolve: (_r, { id }, ctx) => ctx.platform.read((sql) => getInstance(sql, ctx.principal, String(id))),
   }),
-  instances: t.field({
+  instances: t.withAuth({ operator: true, tenantScope: "compute:instances:read" }).field({
     type: InstanceConnection,
     args: {
       poolId: t.arg.id(),
       projectId: t.arg.id(),
       state: t.arg({ type: InstanceState }),
       owner: t.arg({ type: InstanceOwner }),
-      first: t.arg.int({ description: "Page size, 1 to 500 (default 50)." }),
-      after: t.arg.string(),
+      ...pageArgs,
     },
-    complexity: (args) => ({ multiplier: args.first ?? 50 }),
+    complexity: pageCost,
     resolve: (_r, args, ctx) =>
       ctx.platform.read((sql) =>
         listInstances(sql, ctx.principal, {
@@ -125,22 +111,20 @@ const CreateInstanceInput = builder.inputType("CreateInstanceInput", {
 });
 
 /** Operators act on any instance; tenants need the scope. */
-const actor = (ctx: Context, scope: "compute:instances:update" | "compute:instances:delete") =>
-  ctx.principal?.operator ? ctx.principal : requireTenantScope(ctx.principal, scope);
+const updates = { operator: true, tenantScope: "compute:instances:update" } as const;
+const deletes = { operator: true, tenantScope: "compute:instances:delete" } as const;
 
 const changeDesired =
-  (desired: Desired, scope: "compute:instances:update" | "compute:instances:delete") =>
-  (_r: unknown, { id }: { id: string | number }, ctx: Context, info: GraphQLResolveInfo) => {
-    const p = actor(ctx, scope);
-    return mutate(ctx, info, (w) => setDesiredState(w, p, String(id), desired));
-  };
+  (desired: Desired) =>
+  (_r: unknown, { id }: { id: string | number }, ctx: Admitted, info: GraphQLResolveInfo) =>
+    mutate(ctx, info, (w) => setDesiredState(w, ctx.principal, String(id), desired));
 
 builder.mutationFields((t) => ({
-  createInstance: t.field({
+  createInstance: t.withAuth({ tenantScope: "compute:instances:create" }).field({
     type: Instance,
     args: { input: t.arg({ type: CreateInstanceInput, required: true }) },
     resolve: (_r, { input }, ctx, info) => {
-      const p = requireTenantScope(ctx.principal, "compute:instances:create");
+      const p = ctx.principal;
       return mutate(ctx, info, (w) =>
         admitInstance(
           w,
@@ -160,21 +144,18 @@ builder.mutationFields((t) => ({
       );
     },
   }),
-  startInstance: t.field({ type: Instance, args: { id: t.arg.id({ required: true }) }, resolve: changeDesired("running", "compute:instances:update") }),
-  stopInstance: t.field({ type: Instance, args: { id: t.arg.id({ required: true }) }, resolve: changeDesired("stopped", "compute:instances:update") }),
-  pauseInstance: t.field({
+  startInstance: t.withAuth(updates).field({ type: Instance, args: { id: t.arg.id({ required: true }) }, resolve: changeDesired("running") }),
+  stopInstance: t.withAuth(updates).field({ type: Instance, args: { id: t.arg.id({ required: true }) }, resolve: changeDesired("stopped") }),
+  pauseInstance: t.withAuth(updates).field({
     type: Instance,
     description: "Freeze a running instance in memory (its host keeps it; start resumes it). Hosted pools.",
     args: { id: t.arg.id({ required: true }) },
-    resolve: changeDesired("paused", "compute:instances:update"),
+    resolve: changeDesired("paused"),
   }),
-  deleteInstance: t.field({ type: Instance, args: { id: t.arg.id({ required: true }) }, resolve: changeDesired("deleted", "compute:instances:delete") }),
-  resizeInstance: t.field({
+  deleteInstance: t.withAuth(deletes).field({ type: Instance, args: { id: t.arg.id({ required: true }) }, resolve: changeDesired("deleted") }),
+  resizeInstance: t.withAuth(updates).field({
     type: Instance,
     args: { id: t.arg.id({ required: true }), flavor: t.arg.string({ required: true }) },
-    resolve: (_r, { id, flavor }, ctx, info) => {
-      const p = actor(ctx, "compute:instances:update");
-      return mutate(ctx, info, (w) => resizeInstance(w, p, String(id), flavor));
-    },
+    resolve: (_r, { id, flavor }, ctx, info) => mutate(ctx, info, (w) => resizeInstance(w, ctx.principal, String(id), flavor)),
   }),
 }));

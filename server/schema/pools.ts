@@ -1,8 +1,8 @@
 import { forbidden } from "../../contracts/errors.ts";
-import { requireOperator, requireRead } from "../../core/auth/principal.ts";
 import type { Pool as PoolRow } from "../../core/pools/driver.ts";
+import { ipamOf } from "../../core/pools/hosted/leases.ts";
 import { createNode, listNodes, type Node as NodeRow, setNodeCapacity, setNodeState } from "../../core/pools/hosted/nodes.ts";
-import { createPool, getPool, ipamOf, listPools } from "../../core/pools/pools.ts";
+import { createPool, getPool, listPools } from "../../core/pools/pools.ts";
 import { mutate } from "../context.ts";
 import { builder, Resources } from "./builder.ts";
 
@@ -70,41 +70,29 @@ export const Pool = builder.objectRef<PoolRow>("Pool").implement({
     providerAccountId: t.exposeID("providerAccountId", { nullable: true }),
     singleTenant: t.exposeBoolean("singleTenant"),
     ipam: t.field({ type: Ipam, nullable: true, resolve: (p, _a, ctx) => ctx.platform.read((sql) => ipamOf(sql, p.id)) }),
-    nodes: t.field({
+    nodes: t.withAuth({ operator: true }).field({
       type: [Node],
-      resolve: (p, _a, ctx) => {
-        if (!ctx.principal?.operator) throw forbidden("nodes are visible to operators only");
-        return ctx.platform.read((sql) => listNodes(sql, p.id));
-      },
+      resolve: (p, _a, ctx) => ctx.platform.read((sql) => listNodes(sql, p.id)),
     }),
     createdAt: t.expose("createdAt", { type: "DateTime" }),
   }),
 });
 
 builder.queryFields((t) => ({
-  pools: t.field({
+  pools: t.withAuth({ operator: true, tenantScope: "compute:pools:read" }).field({
     type: [Pool],
-    resolve: (_r, _a, ctx) => {
-      requireRead(ctx.principal, "compute:pools:read");
-      return ctx.platform.read(listPools);
-    },
+    resolve: (_r, _a, ctx) => ctx.platform.read(listPools),
   }),
-  pool: t.field({
+  pool: t.withAuth({ operator: true, tenantScope: "compute:pools:read" }).field({
     type: Pool,
     nullable: true,
     args: { id: t.arg.id({ required: true }) },
-    resolve: async (_r, { id }, ctx) => {
-      requireRead(ctx.principal, "compute:pools:read");
-      return (await ctx.platform.read((sql) => getPool(sql, String(id)))) ?? null;
-    },
+    resolve: async (_r, { id }, ctx) => (await ctx.platform.read((sql) => getPool(sql, String(id)))) ?? null,
   }),
-  nodes: t.field({
+  nodes: t.withAuth({ operator: true }).field({
     type: [Node],
     args: { poolId: t.arg.id({ required: true }) },
-    resolve: (_r, { poolId }, ctx) => {
-      requireOperator(ctx.principal);
-      return ctx.platform.read((sql) => listNodes(sql, String(poolId)));
-    },
+    resolve: (_r, { poolId }, ctx) => ctx.platform.read((sql) => listNodes(sql, String(poolId))),
   }),
 }));
 
@@ -137,37 +125,28 @@ const CreateNodeInput = builder.inputType("CreateNodeInput", {
 });
 
 builder.mutationFields((t) => ({
-  createPool: t.field({
+  createPool: t.withAuth({ operator: true }).field({
     type: Pool,
     args: { input: t.arg({ type: CreatePoolInput, required: true }) },
-    resolve: (_r, { input }, ctx, info) => {
-      requireOperator(ctx.principal);
-      return mutate(ctx, info, (w) =>
+    resolve: (_r, { input }, ctx, info) =>
+      mutate(ctx, info, (w) =>
         createPool(w, { ...input, providerAccountId: input.providerAccountId ? String(input.providerAccountId) : null }, ctx.platform.drivers),
-      );
-    },
+      ),
   }),
-  createNode: t.field({
+  createNode: t.withAuth({ operator: true }).field({
     type: Node,
     args: { input: t.arg({ type: CreateNodeInput, required: true }) },
-    resolve: (_r, { input }, ctx, info) => {
-      requireOperator(ctx.principal);
-      return mutate(ctx, info, (w) => createNode(w, { ...input, poolId: String(input.poolId) }));
-    },
+    resolve: (_r, { input }, ctx, info) => mutate(ctx, info, (w) => createNode(w, { ...input, poolId: String(input.poolId) })),
   }),
-  setNodeCapacity: t.field({
+  setNodeCapacity: t.withAuth({ operator: true }).field({
     type: Node,
     args: { id: t.arg.id({ required: true }), capacity: t.arg({ type: CapacityInput, required: true }) },
-    resolve: (_r, { id, capacity }, ctx, info) => {
-      requireOperator(ctx.principal);
-      return mutate(ctx, info, (w) => setNodeCapacity(w, String(id), capacity));
-    },
+    resolve: (_r, { id, capacity }, ctx, info) => mutate(ctx, info, (w) => setNodeCapacity(w, String(id), capacity)),
   }),
-  setNodeState: t.field({
+  setNodeState: t.withAuth({ operator: true }).field({
     type: Node,
     args: { id: t.arg.id({ required: true }), state: t.arg({ type: NodeState, required: true }) },
     resolve: (_r, { id, state }, ctx, info) => {
-      requireOperator(ctx.principal);
       if (state === "lost") throw forbidden("nodes become lost when they stop reporting, not by request");
       if (state === "refusing") throw forbidden("nodes refuse by their agents' reports, not by request");
       return mutate(ctx, info, (w) => setNodeState(w, String(id), state));

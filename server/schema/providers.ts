@@ -1,5 +1,4 @@
 import { invalid } from "../../contracts/errors.ts";
-import { requireOperator, requireRead } from "../../core/auth/principal.ts";
 import { listFlavors } from "../../core/catalog/flavors.ts";
 import type { Sql } from "../../core/kernel/db.ts";
 import { requirePool } from "../../core/pools/pools.ts";
@@ -93,53 +92,41 @@ const CreateProviderAccountInput = builder.inputType("CreateProviderAccountInput
 });
 
 builder.queryFields((t) => ({
-  providerAccounts: t.field({
+  providerAccounts: t.withAuth({ operator: true }).field({
     type: [ProviderAccount],
-    resolve: (_r, _a, ctx) => {
-      requireOperator(ctx.principal);
-      return ctx.platform.read(listProviderAccounts);
-    },
+    resolve: (_r, _a, ctx) => ctx.platform.read(listProviderAccounts),
   }),
-  providerAccount: t.field({
+  providerAccount: t.withAuth({ operator: true }).field({
     type: ProviderAccount,
     nullable: true,
     args: { id: t.arg.id({ required: true }) },
-    resolve: async (_r, { id }, ctx) => {
-      requireOperator(ctx.principal);
-      return (await ctx.platform.read((sql) => getProviderAccount(sql, String(id)))) ?? null;
-    },
+    resolve: async (_r, { id }, ctx) => (await ctx.platform.read((sql) => getProviderAccount(sql, String(id)))) ?? null,
   }),
-  providerOffers: t.field({
+  providerOffers: t.withAuth({ operator: true, tenantScope: "compute:pools:read" }).field({
     type: [ProviderOffer],
     description: "A provider pool's offers and the flavors that map to each; UNSCHEDULABLE awaits a flavor that maps to none.",
     args: { poolId: t.arg.id({ required: true }) },
-    resolve: (_r, { poolId }, ctx) => {
-      requireRead(ctx.principal, "compute:pools:read");
-      return ctx.platform.read(async (sql) => {
+    resolve: (_r, { poolId }, ctx) =>
+      ctx.platform.read(async (sql) => {
         const pool = await requirePool(sql, String(poolId));
         if (!pool.providerAccountId) throw invalid(`pool ${pool.name} is not a provider pool: it has no offers`, { path: "poolId" });
         return offersWithFlavors(sql, pool.providerAccountId, pool.id);
-      });
-    },
+      }),
   }),
 }));
 
 builder.mutationFields((t) => ({
-  createProviderAccount: t.field({
+  createProviderAccount: t.withAuth({ operator: true }).field({
     type: ProviderAccount,
     args: { input: t.arg({ type: CreateProviderAccountInput, required: true }) },
     resolve: (_r, { input }, ctx, info) => {
-      requireOperator(ctx.principal);
       const deps = { providers: ctx.platform.config.vps.providers, sealer: ctx.platform.sealer, fences: accountFences(ctx.platform.config) };
       return mutate(ctx, info, (w) => createProviderAccount(w, deps, input));
     },
   }),
-  deleteProviderAccount: t.field({
+  deleteProviderAccount: t.withAuth({ operator: true }).field({
     type: ProviderAccount,
     args: { id: t.arg.id({ required: true }) },
-    resolve: (_r, { id }, ctx, info) => {
-      requireOperator(ctx.principal);
-      return mutate(ctx, info, (w) => deleteProviderAccount(w, String(id)));
-    },
+    resolve: (_r, { id }, ctx, info) => mutate(ctx, info, (w) => deleteProviderAccount(w, String(id))),
   }),
 }));

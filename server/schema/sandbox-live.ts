@@ -1,11 +1,10 @@
 import { AppError } from "../../contracts/errors.ts";
-import { requireAuth, requireTenantScope } from "../../core/auth/principal.ts";
 import { cursorOf, type EventFilter, type WatchedEvent } from "../../core/instances/events.ts";
 import { readExec, requestExec } from "../../core/sandboxes/exec.ts";
 import { getSandbox, sandboxState } from "../../core/sandboxes/sandboxes.ts";
 import type { Context } from "../context.ts";
 import { toClientError } from "../errors.ts";
-import { builder } from "./builder.ts";
+import { type Admitted, builder } from "./builder.ts";
 import { watch } from "./events.ts";
 import { Sandbox, SandboxState } from "./sandboxes.ts";
 
@@ -36,10 +35,6 @@ const ExecOutput = builder.objectRef<ExecOut>("ExecOutput").implement({
 });
 
 const EnvPair = builder.inputType("ExecEnvInput", { fields: (t) => ({ name: t.string({ required: true }), value: t.string({ required: true }) }) });
-
-/** Operators, or a tenant's credential with the exec scope. */
-const execCaller = (ctx: Context) =>
-  requireAuth(ctx.principal).operator ? requireAuth(ctx.principal) : requireTenantScope(ctx.principal, "compute:sandboxes:exec");
 
 async function* execStream(ctx: Context, commandId: string): AsyncGenerator<ExecOut> {
   const wake = ctx.platform.bus.subscribe("execOutput", commandId);
@@ -103,10 +98,10 @@ const SandboxEvent = builder.objectRef<SandboxEventRow>("SandboxEvent").implemen
   fields: (t) => ({
     cursor: t.string({ description: "Pass as `after` to resume right after this event.", resolve: (e) => cursorOf(e.event.position) }),
     sandboxId: t.id({ resolve: (e) => e.event.instance.sandboxId as string }),
-    sandbox: t.field({
+    sandbox: t.withAuth({ authenticated: true }).field({
       type: Sandbox,
       nullable: true,
-      resolve: (e, _a, ctx) => ctx.platform.read((sql) => getSandbox(sql, requireAuth(ctx.principal), e.event.instance.sandboxId as string)),
+      resolve: (e, _a, ctx) => ctx.platform.read((sql) => getSandbox(sql, ctx.principal, e.event.instance.sandboxId as string)),
     }),
     state: t.field({ type: SandboxState, resolve: (e) => sandboxState(e.event.toState) }),
     instanceState: t.string({ description: "The instance state it moved to.", resolve: (e) => e.event.toState }),
@@ -116,9 +111,8 @@ const SandboxEvent = builder.objectRef<SandboxEventRow>("SandboxEvent").implemen
 });
 
 /** Checks first (so a refusal is the subscription's error, not its stream's), then the stream. */
-async function sandboxEvents(ctx: Context, sandboxId: string | null, after: string | null | undefined): Promise<AsyncGenerator<SandboxEventRow>> {
-  const who = requireAuth(ctx.principal);
-  if (!who.operator) requireTenantScope(who, "compute:sandboxes:read");
+async function sandboxEvents(ctx: Admitted, sandboxId: string | null, after: string | null | undefined): Promise<AsyncGenerator<SandboxEventRow>> {
+  const who = ctx.principal;
   let filter: EventFilter = who.operator ? {} : { tenantId: who.tenantId as string };
   if (sandboxId) {
     const s = await ctx.platform.read((sql) => getSandbox(sql, who, sandboxId));
@@ -133,7 +127,7 @@ async function sandboxEvents(ctx: Context, sandboxId: string | null, after: stri
 }
 
 builder.subscriptionFields((t) => ({
-  sandboxExec: t.field({
+  sandboxExec: t.withAuth({ operator: true, tenantScope: "compute:sandboxes:exec" }).field({
     type: ExecOutput,
     // An exec starts a process on a host and stores what it prints: it costs the caller's budget like a query of a
     // few thousand rows (6 points of the rate limit), not like the few fields it selects.
@@ -147,7 +141,7 @@ builder.subscriptionFields((t) => ({
       timeoutSeconds: t.arg.int({ description: "Killed past this (default 60, at most 3600)." }),
     },
     subscribe: async (_r, a, ctx) => {
-      const who = execCaller(ctx);
+      const who = ctx.principal;
       const { commandId } = await ctx.platform.write({ actor: who.identityId, requestId: ctx.requestId, action: "sandboxExec" }, (w) =>
         requestExec(
           w,
@@ -166,7 +160,7 @@ builder.subscriptionFields((t) => ({
     },
     resolve: (o) => o,
   }),
-  sandboxEvents: t.field({
+  sandboxEvents: t.withAuth({ operator: true, tenantScope: "compute:sandboxes:read" }).field({
     type: SandboxEvent,
     description: "Changes of one sandbox, or of every sandbox the caller can see; `after` resumes from a cursor with no gap.",
     args: { sandboxId: t.arg.id(), after: t.arg.string() },

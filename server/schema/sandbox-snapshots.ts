@@ -1,4 +1,3 @@
-import { requireRead, requireTenantScope } from "../../core/auth/principal.ts";
 import { SANDBOX_COLUMNS, type Sandbox as SandboxRow } from "../../core/sandboxes/sandboxes.ts";
 import {
   createSandboxSnapshot,
@@ -36,41 +35,30 @@ const SandboxSnapshot = builder.objectRef<SnapshotRow>("SandboxSnapshot").implem
 const commandTimeout = (ms: number) => ({ timeoutMs: ms });
 
 builder.queryFields((t) => ({
-  sandboxSnapshot: t.field({
+  sandboxSnapshot: t.withAuth({ operator: true, tenantScope: "compute:sandboxes:read" }).field({
     type: SandboxSnapshot,
     nullable: true,
     args: { id: t.arg.id({ required: true }) },
-    resolve: (_r, { id }, ctx) => {
-      const who = requireRead(ctx.principal, "compute:sandboxes:read");
-      return ctx.platform.read((sql) => getSandboxSnapshot(sql, who, String(id)));
-    },
+    resolve: (_r, { id }, ctx) => ctx.platform.read((sql) => getSandboxSnapshot(sql, ctx.principal, String(id))),
   }),
-  sandboxSnapshots: t.field({
+  sandboxSnapshots: t.withAuth({ operator: true, tenantScope: "compute:sandboxes:read" }).field({
     type: [SandboxSnapshot],
     args: { sandboxId: t.arg.id() },
-    resolve: (_r, { sandboxId }, ctx) => {
-      const who = requireRead(ctx.principal, "compute:sandboxes:read");
-      return ctx.platform.read((sql) => listSandboxSnapshots(sql, who, sandboxId ? String(sandboxId) : null));
-    },
+    resolve: (_r, { sandboxId }, ctx) => ctx.platform.read((sql) => listSandboxSnapshots(sql, ctx.principal, sandboxId ? String(sandboxId) : null)),
   }),
 }));
 
 builder.mutationFields((t) => ({
-  createSandboxSnapshot: t.field({
+  createSandboxSnapshot: t.withAuth({ tenantScope: "compute:sandboxes:write" }).field({
     type: SandboxSnapshot,
     description: "Save a running sandbox's memory and disk on its host (it keeps running); READY once the host is done.",
     args: { sandboxId: t.arg.id({ required: true }) },
-    resolve: (_r, { sandboxId }, ctx, info) => {
-      const who = requireTenantScope(ctx.principal, "compute:sandboxes:write");
-      return mutate(ctx, info, (w) => createSandboxSnapshot(w, who, String(sandboxId), commandTimeout(ctx.platform.config.hosts.commandTimeoutMs)));
-    },
+    resolve: (_r, { sandboxId }, ctx, info) =>
+      mutate(ctx, info, (w) => createSandboxSnapshot(w, ctx.principal, String(sandboxId), commandTimeout(ctx.platform.config.hosts.commandTimeoutMs))),
   }),
-  deleteSandboxSnapshot: t.field({
+  deleteSandboxSnapshot: t.withAuth({ tenantScope: "compute:sandboxes:write" }).field({
     type: SandboxSnapshot,
     args: { id: t.arg.id({ required: true }) },
-    resolve: (_r, { id }, ctx, info) => {
-      const who = requireTenantScope(ctx.principal, "compute:sandboxes:write");
-      return mutate(ctx, info, (w) => deleteSandboxSnapshot(w, who, String(id)));
-    },
+    resolve: (_r, { id }, ctx, info) => mutate(ctx, info, (w) => deleteSandboxSnapshot(w, ctx.principal, String(id))),
   }),
 }));

@@ -1,4 +1,3 @@
-import { requireRead, requireTenantScope } from "../../core/auth/principal.ts";
 import {
   createSandbox,
   deleteSandbox,
@@ -143,97 +142,72 @@ const CreateSandboxInput = builder.inputType("CreateSandboxInput", {
 const templateDeps = (ctx: Context) => ({ images: ctx.platform.images, defaultWarmQuota: ctx.platform.config.sandboxes.defaultWarmQuota });
 const asInput = <T>(x: T) => JSON.parse(JSON.stringify(x)) as T;
 
+const readsSandboxes = { operator: true, tenantScope: "compute:sandboxes:read" } as const;
+const writesSandboxes = { tenantScope: "compute:sandboxes:write" } as const;
+
 builder.queryFields((t) => ({
-  sandboxTemplates: t.field({
+  sandboxTemplates: t.withAuth(readsSandboxes).field({
     type: [SandboxTemplate],
-    resolve: (_r, _a, ctx) => {
-      const who = requireRead(ctx.principal, "compute:sandboxes:read");
-      return ctx.platform.read((sql) => listTemplates(sql, who));
-    },
+    resolve: (_r, _a, ctx) => ctx.platform.read((sql) => listTemplates(sql, ctx.principal)),
   }),
-  sandboxTemplate: t.field({
+  sandboxTemplate: t.withAuth(readsSandboxes).field({
     type: SandboxTemplate,
     nullable: true,
     args: { id: t.arg.id({ required: true }) },
-    resolve: (_r, { id }, ctx) => {
-      const who = requireRead(ctx.principal, "compute:sandboxes:read");
-      return ctx.platform.read((sql) => getTemplate(sql, who, String(id)));
-    },
+    resolve: (_r, { id }, ctx) => ctx.platform.read((sql) => getTemplate(sql, ctx.principal, String(id))),
   }),
-  sandbox: t.field({
+  sandbox: t.withAuth(readsSandboxes).field({
     type: Sandbox,
     nullable: true,
     args: { id: t.arg.id({ required: true }) },
-    resolve: (_r, { id }, ctx) => {
-      const who = requireRead(ctx.principal, "compute:sandboxes:read");
-      return ctx.platform.read((sql) => getSandbox(sql, who, String(id)));
-    },
+    resolve: (_r, { id }, ctx) => ctx.platform.read((sql) => getSandbox(sql, ctx.principal, String(id))),
   }),
-  sandboxes: t.field({
+  sandboxes: t.withAuth(readsSandboxes).field({
     type: [Sandbox],
     description: "Newest first; `after` is the id of the last sandbox of the previous page.",
     args: { templateId: t.arg.id(), first: t.arg.int({ defaultValue: 50 }), after: t.arg.id() },
     complexity: (args) => ({ field: 1, multiplier: Math.max(1, Math.min(args.first ?? 50, 500)) }),
     resolve: (_r, a, ctx) => {
-      const who = requireRead(ctx.principal, "compute:sandboxes:read");
       const first = Math.max(1, Math.min(a.first ?? 50, 500));
       return ctx.platform.read((sql) =>
-        listSandboxes(sql, who, { templateId: a.templateId ? String(a.templateId) : null, first, after: a.after ? String(a.after) : null }),
+        listSandboxes(sql, ctx.principal, { templateId: a.templateId ? String(a.templateId) : null, first, after: a.after ? String(a.after) : null }),
       );
     },
   }),
 }));
 
 builder.mutationFields((t) => ({
-  createSandboxTemplate: t.field({
+  createSandboxTemplate: t.withAuth(writesSandboxes).field({
     type: SandboxTemplate,
     args: { input: t.arg({ type: CreateSandboxTemplateInput, required: true }) },
-    resolve: (_r, { input }, ctx, info) => {
-      const who = requireTenantScope(ctx.principal, "compute:sandboxes:write");
-      return mutate(ctx, info, (w) => createTemplate(w, templateDeps(ctx), who, asInput(input)));
-    },
+    resolve: (_r, { input }, ctx, info) => mutate(ctx, info, (w) => createTemplate(w, templateDeps(ctx), ctx.principal, asInput(input))),
   }),
-  updateSandboxTemplate: t.field({
+  updateSandboxTemplate: t.withAuth(writesSandboxes).field({
     type: SandboxTemplate,
     description: "Any change makes a new version: warm instances of older versions are drained and replaced.",
     args: { id: t.arg.id({ required: true }), input: t.arg({ type: UpdateSandboxTemplateInput, required: true }) },
-    resolve: (_r, { id, input }, ctx, info) => {
-      const who = requireTenantScope(ctx.principal, "compute:sandboxes:write");
-      return mutate(ctx, info, (w) => updateTemplate(w, templateDeps(ctx), who, String(id), asInput(input)));
-    },
+    resolve: (_r, { id, input }, ctx, info) => mutate(ctx, info, (w) => updateTemplate(w, templateDeps(ctx), ctx.principal, String(id), asInput(input))),
   }),
-  deleteSandboxTemplate: t.field({
+  deleteSandboxTemplate: t.withAuth(writesSandboxes).field({
     type: SandboxTemplate,
     description: "Its warm pool is drained; sandboxes made from it run on to their deadline.",
     args: { id: t.arg.id({ required: true }) },
-    resolve: (_r, { id }, ctx, info) => {
-      const who = requireTenantScope(ctx.principal, "compute:sandboxes:write");
-      return mutate(ctx, info, (w) => deleteTemplate(w, who, String(id), ctx.platform.config.sandboxes.defaultWarmQuota));
-    },
+    resolve: (_r, { id }, ctx, info) => mutate(ctx, info, (w) => deleteTemplate(w, ctx.principal, String(id), ctx.platform.config.sandboxes.defaultWarmQuota)),
   }),
-  createSandbox: t.field({
+  createSandbox: t.withAuth(writesSandboxes).field({
     type: Sandbox,
     args: { input: t.arg({ type: CreateSandboxInput, required: true }) },
-    resolve: (_r, { input }, ctx, info) => {
-      const who = requireTenantScope(ctx.principal, "compute:sandboxes:write");
-      return mutate(ctx, info, (w) => createSandbox(w, ctx.platform.admission, who, asInput(input)));
-    },
+    resolve: (_r, { input }, ctx, info) => mutate(ctx, info, (w) => createSandbox(w, ctx.platform.admission, ctx.principal, asInput(input))),
   }),
-  deleteSandbox: t.field({
+  deleteSandbox: t.withAuth(writesSandboxes).field({
     type: Sandbox,
     args: { id: t.arg.id({ required: true }) },
-    resolve: (_r, { id }, ctx, info) => {
-      const who = requireTenantScope(ctx.principal, "compute:sandboxes:write");
-      return mutate(ctx, info, (w) => deleteSandbox(w, who, String(id)));
-    },
+    resolve: (_r, { id }, ctx, info) => mutate(ctx, info, (w) => deleteSandbox(w, ctx.principal, String(id))),
   }),
-  extendSandbox: t.field({
+  extendSandbox: t.withAuth(writesSandboxes).field({
     type: Sandbox,
     description: "A new deadline ttlSeconds from now, within the template's maxTtlSeconds counted from creation.",
     args: { id: t.arg.id({ required: true }), ttlSeconds: t.arg.int({ required: true }) },
-    resolve: (_r, { id, ttlSeconds }, ctx, info) => {
-      const who = requireTenantScope(ctx.principal, "compute:sandboxes:write");
-      return mutate(ctx, info, (w) => extendSandbox(w, who, String(id), ttlSeconds));
-    },
+    resolve: (_r, { id, ttlSeconds }, ctx, info) => mutate(ctx, info, (w) => extendSandbox(w, ctx.principal, String(id), ttlSeconds)),
   }),
 }));

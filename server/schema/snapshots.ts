@@ -1,5 +1,4 @@
-import { requireOperator } from "../../core/auth/principal.ts";
-import { getSnapshot, listSnapshots, restoreInstance, type Snapshot, snapshotInstance } from "../../core/instances/snapshots.ts";
+import { getSnapshot, listSnapshots, restoreInstance, type Snapshot, snapshotInstance } from "../../core/lifecycle/snapshots.ts";
 import { type Context, mutate } from "../context.ts";
 import { builder } from "./builder.ts";
 import { Instance } from "./instances.ts";
@@ -32,42 +31,30 @@ const InstanceSnapshot = builder.objectRef<Snapshot>("InstanceSnapshot").impleme
 const timeoutMs = (ctx: Context) => ({ timeoutMs: ctx.platform.config.hosts.commandTimeoutMs });
 
 builder.queryFields((t) => ({
-  instanceSnapshots: t.field({
+  instanceSnapshots: t.withAuth({ operator: true }).field({
     type: [InstanceSnapshot],
     args: { instanceId: t.arg.id({ required: true }) },
-    resolve: (_r, { instanceId }, ctx) => {
-      requireOperator(ctx.principal);
-      return ctx.platform.read((sql) => listSnapshots(sql, String(instanceId)));
-    },
+    resolve: (_r, { instanceId }, ctx) => ctx.platform.read((sql) => listSnapshots(sql, String(instanceId))),
   }),
-  instanceSnapshot: t.field({
+  instanceSnapshot: t.withAuth({ operator: true }).field({
     type: InstanceSnapshot,
     nullable: true,
     args: { id: t.arg.id({ required: true }) },
-    resolve: async (_r, { id }, ctx) => {
-      requireOperator(ctx.principal);
-      return (await ctx.platform.read((sql) => getSnapshot(sql, String(id)))) ?? null;
-    },
+    resolve: async (_r, { id }, ctx) => (await ctx.platform.read((sql) => getSnapshot(sql, String(id)))) ?? null,
   }),
 }));
 
 builder.mutationFields((t) => ({
-  snapshotInstance: t.field({
+  snapshotInstance: t.withAuth({ operator: true }).field({
     type: InstanceSnapshot,
     description: "Save a running or paused instance's memory and disk on its host; it keeps running. The snapshot becomes READY when the host is done.",
     args: { id: t.arg.id({ required: true }) },
-    resolve: (_r, { id }, ctx, info) => {
-      const p = requireOperator(ctx.principal);
-      return mutate(ctx, info, (w) => snapshotInstance(w, p, String(id), timeoutMs(ctx)));
-    },
+    resolve: (_r, { id }, ctx, info) => mutate(ctx, info, (w) => snapshotInstance(w, ctx.principal, String(id), timeoutMs(ctx))),
   }),
-  restoreInstance: t.field({
+  restoreInstance: t.withAuth({ operator: true }).field({
     type: Instance,
     description: "Put a running or paused instance back to a READY snapshot of it (memory and disk); it runs on from there.",
     args: { id: t.arg.id({ required: true }), snapshotId: t.arg.id({ required: true }) },
-    resolve: (_r, { id, snapshotId }, ctx, info) => {
-      const p = requireOperator(ctx.principal);
-      return mutate(ctx, info, (w) => restoreInstance(w, p, String(id), String(snapshotId), timeoutMs(ctx)));
-    },
+    resolve: (_r, { id, snapshotId }, ctx, info) => mutate(ctx, info, (w) => restoreInstance(w, ctx.principal, String(id), String(snapshotId), timeoutMs(ctx))),
   }),
 }));

@@ -1,9 +1,8 @@
 import { invalid, notFound } from "../../contracts/errors.ts";
-import { requireAuth, requireOperator, requireRead, requireTenantScope } from "../../core/auth/principal.ts";
 import { type ApiToken as ApiTokenRow, createApiToken, revokeApiToken } from "../../core/auth/tokens.ts";
+import { deleteTenant } from "../../core/teardown/teardown.ts";
 import { createProject, listProjects, type Project as ProjectRow } from "../../core/tenancy/projects.ts";
 import { type QuotaItem as QuotaItemRow, quotaOf } from "../../core/tenancy/quota.ts";
-import { deleteTenant } from "../../core/tenancy/teardown.ts";
 import { createTenant, getTenant, listTenants, setTenantQuota, type Tenant as TenantRow } from "../../core/tenancy/tenants.ts";
 import { mutate } from "../context.ts";
 import { builder, GpuCountInput } from "./builder.ts";
@@ -44,51 +43,38 @@ const CreateTenantInput = builder.inputType("CreateTenantInput", {
 });
 
 builder.queryFields((t) => ({
-  tenants: t.field({
+  tenants: t.withAuth({ operator: true }).field({
     type: [Tenant],
-    resolve: (_r, _a, ctx) => {
-      requireOperator(ctx.principal);
-      return ctx.platform.read(listTenants);
-    },
+    resolve: (_r, _a, ctx) => ctx.platform.read(listTenants),
   }),
-  tenant: t.field({
+  tenant: t.withAuth({ authenticated: true }).field({
     type: Tenant,
     nullable: true,
     args: { id: t.arg.id({ required: true }) },
     resolve: async (_r, { id }, ctx) => {
-      const p = requireAuth(ctx.principal);
-      if (!p.operator && p.tenantId !== id) return null;
+      if (!ctx.principal.operator && ctx.principal.tenantId !== id) return null;
       return (await ctx.platform.read((sql) => getTenant(sql, String(id)))) ?? null;
     },
   }),
 }));
 
 builder.mutationFields((t) => ({
-  createTenant: t.field({
+  createTenant: t.withAuth({ operator: true }).field({
     type: Tenant,
     args: { input: t.arg({ type: CreateTenantInput, required: true }) },
-    resolve: (_r, { input }, ctx, info) => {
-      requireOperator(ctx.principal);
-      return mutate(ctx, info, (w) => createTenant(w, input));
-    },
+    resolve: (_r, { input }, ctx, info) => mutate(ctx, info, (w) => createTenant(w, input)),
   }),
-  deleteTenant: t.field({
+  deleteTenant: t.withAuth({ operator: true }).field({
     type: Tenant,
     description:
       "Operators: delete a tenant. Its tokens stop at once (live connections close); everything it has is deleted in the background, then the tenant; its usage stays.",
     args: { id: t.arg.id({ required: true }) },
-    resolve: (_r, { id }, ctx, info) => {
-      requireOperator(ctx.principal);
-      return mutate(ctx, info, (w) => deleteTenant(w, String(id)));
-    },
+    resolve: (_r, { id }, ctx, info) => mutate(ctx, info, (w) => deleteTenant(w, String(id))),
   }),
-  setTenantQuota: t.field({
+  setTenantQuota: t.withAuth({ operator: true }).field({
     type: Tenant,
     args: { tenantId: t.arg.id({ required: true }), quota: t.arg({ type: QuotaInput, required: true }) },
-    resolve: (_r, { tenantId, quota }, ctx, info) => {
-      requireOperator(ctx.principal);
-      return mutate(ctx, info, (w) => setTenantQuota(w, String(tenantId), quota));
-    },
+    resolve: (_r, { tenantId, quota }, ctx, info) => mutate(ctx, info, (w) => setTenantQuota(w, String(tenantId), quota)),
   }),
 }));
 
@@ -122,21 +108,15 @@ const CreateApiTokenInput = builder.inputType("CreateApiTokenInput", {
 });
 
 builder.mutationFields((t) => ({
-  createApiToken: t.field({
+  createApiToken: t.withAuth({ operator: true }).field({
     type: CreatedApiToken,
     args: { input: t.arg({ type: CreateApiTokenInput, required: true }) },
-    resolve: (_r, { input }, ctx, info) => {
-      requireOperator(ctx.principal);
-      return mutate(ctx, info, (w) => createApiToken(w, { ...input, tenantId: String(input.tenantId) }));
-    },
+    resolve: (_r, { input }, ctx, info) => mutate(ctx, info, (w) => createApiToken(w, { ...input, tenantId: String(input.tenantId) })),
   }),
-  revokeApiToken: t.field({
+  revokeApiToken: t.withAuth({ operator: true }).field({
     type: ApiToken,
     args: { id: t.arg.id({ required: true }) },
-    resolve: (_r, { id }, ctx, info) => {
-      requireOperator(ctx.principal);
-      return mutate(ctx, info, (w) => revokeApiToken(w, String(id)));
-    },
+    resolve: (_r, { id }, ctx, info) => mutate(ctx, info, (w) => revokeApiToken(w, String(id))),
   }),
 }));
 
@@ -150,13 +130,12 @@ export const Project = builder.objectRef<ProjectRow>("Project").implement({
 });
 
 builder.queryField("projects", (t) =>
-  t.field({
+  t.withAuth({ operator: true, tenantScope: "compute:projects:read" }).field({
     type: [Project],
     args: { tenantId: t.arg.id({ description: "Operators: whose projects." }) },
-    resolve: (_r, { tenantId }, ctx) => {
-      const p = requireRead(ctx.principal, "compute:projects:read");
+    resolve: (_r, { tenantId }, { principal: p, platform }) => {
       const tenant = p.operator ? (tenantId ? String(tenantId) : undefined) : ownTenant(p.tenantId as string, tenantId);
-      return ctx.platform.read((sql) => listProjects(sql, tenant));
+      return platform.read((sql) => listProjects(sql, tenant));
     },
   }),
 );
@@ -168,16 +147,16 @@ function ownTenant(own: string, named: string | number | null | undefined): stri
 }
 
 builder.mutationField("createProject", (t) =>
-  t.field({
+  t.withAuth({ operator: true, tenantScope: "compute:projects:write" }).field({
     type: Project,
     args: { name: t.arg.string({ required: true }), tenantId: t.arg.id({ description: "Operators: the tenant it belongs to." }) },
     resolve: (_r, { name, tenantId }, ctx, info) => {
-      const p = requireAuth(ctx.principal);
+      const p = ctx.principal;
       let owner: string;
       if (p.operator) {
         if (!tenantId) throw invalid("operators name the tenant the project belongs to (tenantId)", { path: "tenantId" });
         owner = String(tenantId);
-      } else owner = ownTenant(requireTenantScope(p, "compute:projects:write").tenantId, tenantId);
+      } else owner = ownTenant(p.tenantId as string, tenantId);
       return mutate(ctx, info, (w) => createProject(w, owner, { name }));
     },
   }),

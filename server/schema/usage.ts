@@ -1,4 +1,3 @@
-import { requireRead } from "../../core/auth/principal.ts";
 import { type UsageRow as Row, usage } from "../../core/books/usage.ts";
 import { builder } from "./builder.ts";
 
@@ -34,7 +33,7 @@ const UsageRow = builder.objectRef<Row>("UsageRow").implement({
 });
 
 builder.queryField("usage", (t) =>
-  t.field({
+  t.withAuth({ operator: true, tenantScope: "compute:usage:read" }).field({
     type: [UsageRow],
     description: "Metered usage of the 5-minute windows that start in [from, to), per meter and the groups asked for (default TENANT). Tenants see their own.",
     args: {
@@ -43,9 +42,7 @@ builder.queryField("usage", (t) =>
       tenantId: t.arg.id(),
       groupBy: t.arg({ type: [UsageGroup] }),
     },
-    resolve: (_r, a, ctx) => {
-      const who = requireRead(ctx.principal, "compute:usage:read");
-      return ctx.platform.read((sql) => usage(sql, who, { from: a.from, to: a.to, tenantId: a.tenantId ? String(a.tenantId) : null, groupBy: a.groupBy }));
-    },
+    resolve: (_r, a, ctx) =>
+      ctx.platform.read((sql) => usage(sql, ctx.principal, { from: a.from, to: a.to, tenantId: a.tenantId ? String(a.tenantId) : null, groupBy: a.groupBy })),
   }),
 );

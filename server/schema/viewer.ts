@@ -1,4 +1,3 @@
-import { requireAuth } from "../../core/auth/principal.ts";
 import { builder } from "./builder.ts";
 
 const Viewer = builder.objectRef<{ identityId: string; tenantId: string | null; operator: boolean; scopes: string[] }>("Viewer").implement({
@@ -12,11 +11,8 @@ const Viewer = builder.objectRef<{ identityId: string; tenantId: string | null; 
 });
 
 builder.queryField("viewer", (t) =>
-  t.field({
+  t.withAuth({ authenticated: true }).field({
     type: Viewer,
-    resolve: (_root, _args, ctx) => {
-      const p = requireAuth(ctx.principal);
-      return { identityId: p.identityId, tenantId: p.tenantId, operator: p.operator, scopes: [...p.scopes].sort() };
-    },
+    resolve: (_root, _args, { principal: p }) => ({ identityId: p.identityId, tenantId: p.tenantId, operator: p.operator, scopes: [...p.scopes].sort() }),
   }),
 );

@@ -1,7 +1,7 @@
 import pg from "pg";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { admitInstance } from "../../core/instances/admission.ts";
 import { instanceId } from "../../core/kernel/ids.ts";
+import { admitInstance } from "../../core/lifecycle/admission.ts";
 import {
   CreateInstanceDocument,
   CreatePoolDocument,

@@ -1,7 +1,7 @@
 import { randomUUID } from "node:crypto";
 import type { TypedDocumentNode } from "@graphql-typed-document-node/core";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { reconcileOnce } from "../../core/instances/reconciler.ts";
+import { reconcileOnce } from "../../core/lifecycle/reconciler.ts";
 import { requestExec } from "../../core/sandboxes/exec.ts";
 import * as bc from "../../sdk/client.ts";
 import { schema } from "../../server/schema/index.ts";

@@ -1,7 +1,7 @@
 import { Queue } from "bullmq";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import type { InstanceEventMessage } from "../../contracts/channels.ts";
-import { INLINE_PASSES } from "../../core/instances/reconciler.ts";
+import { INLINE_PASSES } from "../../core/lifecycle/reconciler.ts";
 import { openBus } from "../../infra/bus.ts";
 import type { TransactionOptions } from "../../infra/db/index.ts";
 import { queueName } from "../../infra/jobs.ts";

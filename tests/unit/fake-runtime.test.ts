@@ -91,40 +91,12 @@ describe("fake runtime", () => {
     expect((await rt.list()).map((d) => d.id)).toEqual(["inst_a", "inst_b"]);
   });
 
-  it("create is idempotent", async () => {
-    const rt = createFakeRuntime({ dir });
-    await rt.create(spec("inst_a"));
-    await rt.start("inst_a");
-    await rt.create(spec("inst_a", { vcpus: 8 }));
-    expect(await rt.list()).toMatchObject([{ id: "inst_a", state: "running", shape: { vcpus: 2 } }]);
-  });
-
   it("refuses an image whose digest is not a sha256, for good", async () => {
     const rt = createFakeRuntime({ dir });
     const err = await rejection(rt.create(spec("inst_a", { image: { url: "https://x/y", sha256: "../../etc", format: "raw" } })));
     expect(err).toBeInstanceOf(RuntimeError);
     expect((err as RuntimeError).retryable).toBe(false);
     expect(await rt.list()).toEqual([]);
-  });
-
-  it("moves power state, idempotently", async () => {
-    const rt = createFakeRuntime({ dir });
-    await rt.create(spec("inst_a"));
-    await rt.start("inst_a");
-    expect(await stateOf(rt, "inst_a")).toBe("running");
-    await rt.start("inst_a");
-    expect(await stateOf(rt, "inst_a")).toBe("running");
-    await rt.resume("inst_a");
-    expect(await stateOf(rt, "inst_a")).toBe("running");
-    await rt.pause("inst_a");
-    await rt.pause("inst_a");
-    expect(await stateOf(rt, "inst_a")).toBe("paused");
-    await rt.resume("inst_a");
-    expect(await stateOf(rt, "inst_a")).toBe("running");
-    await rt.pause("inst_a");
-    await rt.stop("inst_a"); // a paused domain can be stopped
-    await rt.stop("inst_a");
-    expect(await stateOf(rt, "inst_a")).toBe("stopped");
   });
 
   it("refuses invalid transitions and missing domains, not retryable", async () => {

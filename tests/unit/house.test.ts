@@ -139,6 +139,56 @@ describe("house rules", () => {
       "core/k.ts": ts(),
       "core/broken.ts": ts(`import "./missing.ts";`),
 
+      // core's folders, inner to outer (kernel, auth, tenancy, catalog, books, commands, instances, pools, pools/<class>,
+      // lifecycle, sandboxes, teardown, then core's root): one import the wrong way from each. The planted wrong ways
+      // all point outward, and the allowed ones below close no loop, so only the pair planted for it makes a folder cycle.
+      "core/kernel/db.ts": ts(),
+      "core/kernel/bad.ts": ts(`import "../auth/who.ts";`),
+      "core/auth/who.ts": ts(),
+      "core/auth/bad.ts": ts(`import type { here } from "../tenancy/q.ts";`),
+      "core/tenancy/q.ts": ts(),
+      "core/tenancy/bad.ts": ts(`import "../catalog/f.ts";`),
+      "core/catalog/f.ts": ts(),
+      "core/catalog/bad.ts": ts(`import "../books/s.ts";`),
+      "core/books/s.ts": ts(),
+      "core/books/bad.ts": ts(`import "../instances/m.ts";`),
+      "core/commands/c.ts": ts(),
+      "core/commands/bad.ts": ts(`import "../tenancy/q.ts";`),
+      "core/instances/m.ts": ts(),
+      "core/instances/bad.ts": ts(`import "../pools/registry.ts";`),
+      // The seam, and a class on it; the seam may not import a class, nor a class another, nor pools the operations.
+      "core/pools/driver.ts": ts(),
+      "core/pools/registry.ts": ts(`import "./driver.ts";`),
+      "core/pools/pools.ts": ts(`import "./registry.ts";`),
+      "core/pools/bad.ts": ts(`import "./hosted/driver.ts";`),
+      "core/pools/hosted/driver.ts": ts(`import "../driver.ts";`, `import "./impl.ts";`),
+      "core/pools/hosted/impl.ts": ts(),
+      "core/pools/hosted/bad.ts": ts(`import "../provider/driver.ts";`),
+      "core/pools/provider/driver.ts": ts(`import "../registry.ts";`),
+      "core/pools/provider/bad.ts": ts(`import "../../sandboxes/sb.ts";`),
+      // Operations reach pool classes through the seam only; the inner folders are theirs to use.
+      "core/lifecycle/ops.ts": ts(
+        `import "../pools/driver.ts";`,
+        `import "../pools/registry.ts";`,
+        `import "../pools/pools.ts";`,
+        `import "../instances/m.ts";`,
+        `import "../commands/c.ts";`,
+        `import "../kernel/db.ts";`,
+      ),
+      "core/lifecycle/classes.ts": ts(`import "../pools/hosted/impl.ts";`),
+      "core/lifecycle/bad.ts": ts(`import "../sandboxes/sb.ts";`),
+      "core/sandboxes/sb.ts": ts(),
+      "core/sandboxes/bad.ts": ts(`import "../teardown/t.ts";`),
+      "core/teardown/t.ts": ts(),
+      "core/teardown/bad.ts": ts(`import "../drivers.ts";`),
+      // core's root registers the drivers: it may import a class's folder, and no folder may import it.
+      "core/drivers.ts": ts(`import "./pools/hosted/driver.ts";`, `import "./pools/provider/driver.ts";`, `import "./pools/registry.ts";`),
+      // Two folders no direction rule names, each importing the other (different files: no module cycle).
+      "core/left/a.ts": ts(`import "../right/b.ts";`),
+      "core/right/c.ts": ts(`import "../left/d.ts";`),
+      "core/right/b.ts": ts(),
+      "core/left/d.ts": ts(),
+
       // providers: the registry may import every plugin; a plugin its own folder, contracts/ and core/ only.
       "providers/index.ts": ts(`import "./p1/index.ts";`, `import "./p2/index.ts";`),
       "providers/p1/index.ts": ts(`import "./impl.ts";`, `import "../../core/k.ts";`, `import "../../infra/q.ts";`, `import "../p2/index.ts";`),
@@ -213,6 +263,23 @@ describe("house rules", () => {
       v("web-only-sdk", "web/bad.ts", "contracts/ok.ts"),
       v("prisma-client-only-in-data-layer", "server/rows.ts", "prisma/generated/client.ts", true),
       v("prisma-client-only-in-data-layer", "cli/db.ts", "prisma/generated/client.ts"),
+      v("core-inner-kernel", "core/kernel/bad.ts", "core/auth/who.ts"),
+      v("core-inner-auth", "core/auth/bad.ts", "core/tenancy/q.ts", true),
+      v("core-inner-tenancy", "core/tenancy/bad.ts", "core/catalog/f.ts"),
+      v("core-inner-catalog", "core/catalog/bad.ts", "core/books/s.ts"),
+      v("core-inner-books", "core/books/bad.ts", "core/instances/m.ts"),
+      v("core-inner-commands", "core/commands/bad.ts", "core/tenancy/q.ts"),
+      v("core-instances-not-pools", "core/instances/bad.ts", "core/pools/registry.ts"),
+      v("core-pool-seam-not-classes", "core/pools/bad.ts", "core/pools/hosted/driver.ts"),
+      v("core-pool-classes-independent", "core/pools/hosted/bad.ts", "core/pools/provider/driver.ts"),
+      v("core-pools-not-operations", "core/pools/provider/bad.ts", "core/sandboxes/sb.ts"),
+      v("core-pool-class-code-through-driver", "core/lifecycle/classes.ts", "core/pools/hosted/impl.ts"),
+      v("core-lifecycle-not-sandboxes", "core/lifecycle/bad.ts", "core/sandboxes/sb.ts"),
+      v("core-sandboxes-not-teardown", "core/sandboxes/bad.ts", "core/teardown/t.ts"),
+      v("core-root-outermost", "core/teardown/bad.ts", "core/drivers.ts"),
+      // A folder cycle is reported from each folder on it.
+      { ...v("core-folders-acyclic", "core/left", "core/right"), cycle: ["core/right", "core/left"] },
+      { ...v("core-folders-acyclic", "core/right", "core/left"), cycle: ["core/left", "core/right"] },
     ];
     expect(sorted(got), `planted tree in ${dir}:\n${result.summary.violations.map(line).join("\n")}`).toEqual(sorted(expected));
 

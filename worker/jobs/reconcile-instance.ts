@@ -1,9 +1,9 @@
-import { reconcilePass } from "../../core/instances/reconciler.ts";
+import { reconcilePass } from "../../core/lifecycle/reconciler.ts";
 import { driverFor } from "../../core/pools/registry.ts";
 import type { Platform } from "../../infra/platform.ts";
 
 /**
- * `vps.instances`: one reconcile pass (core/instances/reconciler.ts) in one transaction; stale and duplicate jobs
+ * `vps.instances`: one reconcile pass (core/lifecycle/reconciler.ts) in one transaction; stale and duplicate jobs
  * do nothing. Instances whose driver converges through an outside API (provider pools) run its `sync` instead,
  * which says when to look again.
  */

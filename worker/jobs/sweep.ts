@@ -1,7 +1,7 @@
+import { instancesWithUnsettledCommands } from "../../core/commands/commands.ts";
 import { positionStragglers } from "../../core/kernel/write.ts";
-import { instancesWithUnsettledCommands } from "../../core/pools/hosted/commands.ts";
 import { announceOrphanRemovals, markLostNodes, reannounceSpecs } from "../../core/pools/hosted/liveness.ts";
-import { tenantsBeingDeleted } from "../../core/tenancy/teardown.ts";
+import { tenantsBeingDeleted } from "../../core/teardown/teardown.ts";
 import type { Platform } from "../../infra/platform.ts";
 
 const BATCH = 2000;

@@ -3,6 +3,7 @@ import { copyFile, cp, mkdir, readdir, readFile, rename, rm, writeFile } from "n
 import { join } from "node:path";
 import { setTimeout as sleep } from "node:timers/promises";
 import type { Capacity, InstanceSpec } from "../../../contracts/host.ts";
+import { DEFAULT_RUNTIME } from "../../../contracts/runtimes.ts";
 import { bytesIn, PRIVATE_DIR, sweepTemporaries } from "../files.ts";
 import { type DomainStatus, type Runtime, RuntimeError } from "../runtime.ts";
 import { renderSeed } from "../seed.ts";
@@ -27,8 +28,8 @@ export interface FakeOptions {
   /** Milliseconds each operation waits before it takes effect (default 0), so callers can see it in flight. */
   delays?: Partial<Record<FakeOp, number>>;
   /**
-   * The pool runtimes it stands in for. Default: `fake` and `libvirt-kvm`, so simulated hosts join pools made
-   * with the default runtime (tests, `bc dev --sim`) as the hosts they simulate would.
+   * The pool runtimes it stands in for. Default: `fake` and the default runtime (`libvirt-kvm`), so simulated
+   * hosts join pools made with it (tests, `bc dev --sim`) as the hosts they simulate would.
    */
   serves?: string[];
   /** The bubblewrap binary that confines guests' execs (./confine.ts). Default: the system's `bwrap`. */
@@ -214,7 +215,7 @@ export function createFakeRuntime(opts: FakeOptions): Runtime {
 
   return {
     id: "fake",
-    serves: opts.serves ?? ["fake", "libvirt-kvm"],
+    serves: opts.serves ?? ["fake", DEFAULT_RUNTIME],
 
     async capacity() {
       return structuredClone(cap);

@@ -6,6 +6,8 @@ import type { Instance } from "../../instances/model.ts";
 import { one } from "../../kernel/db.ts";
 import { ContendedWrite, type Write } from "../../kernel/write.ts";
 import type { AdmitRequest, DeferredHold, PoolDriver, PoolInput } from "../driver.ts";
+import { hostedChecks } from "./doctor.ts";
+import { specGenerations } from "./generations.ts";
 import { parseRange } from "./ipam.ts";
 import { createAddresses, leaseAddress, leaseSql, noFreeAddress } from "./leases.ts";
 import { type PlaceRequest, place, placeInStatement, releaseAllocation, unschedulable } from "./placement.ts";
@@ -129,6 +131,10 @@ export const hostedDriver: PoolDriver = {
   release: (w: Write, inst: Instance) => releaseHosted(w, inst),
 
   reconcile: (w, inst, pool, deps) => reconcileHosted(w, inst, pool, deps.maxRecreateAttempts),
+
+  changeHook: specGenerations,
+
+  doctor: hostedChecks,
 };
 
 /** The address, then the node (only once the address is held), as CTEs of admission's last statement. */

@@ -1,3 +1,4 @@
+import type { ChangeHook, InstanceSet } from "../../instances/changes.ts";
 import { specPower } from "../../instances/decide.ts";
 import type { DesiredState, InstanceState } from "../../instances/state.ts";
 import type { Write } from "../../kernel/write.ts";
@@ -37,3 +38,50 @@ export function sameSpecView(from: InstanceState, fromDesired: DesiredState, to:
     desired === "deleted" ? `remove:${state !== "deleted"}` : HELD_STATES.includes(state) ? `hold:${specPower(state, desired)}` : "none";
   return view(from, fromDesired) === view(to, toDesired);
 }
+
+/** Columns whose change alters the instance's part of its node's spec. */
+const SPEC_FIELDS: readonly (keyof InstanceSet)[] = [
+  "node_id",
+  "allocation_id",
+  "vcpus",
+  "memory_mib",
+  "disk_gib",
+  "gpus",
+  "addresses",
+  "env",
+  "network_policy",
+];
+
+/**
+ * The hosted pools' part of every instance change (the hosted driver's `changeHook`): the nodes it leaves and
+ * joins get a new spec generation in the change's own statement, after the instance row it holds locked, so the
+ * node rows are taken in the one lock order; a host report is stale for this instance until it echoes at least
+ * the generation of its node after the change.
+ */
+export const specGenerations: ChangeHook = {
+  parts({ inst, set, to, desired, nodeId, guard, rowNode }, add) {
+    // A step that leaves what the host is told unchanged (provisioning → starting → running on the host's own
+    // report) keeps the generation, so the report that caused it still counts and the next step follows
+    // without another round trip through the agent. Anything else the host must see, and confirm, anew.
+    if (nodeId === inst.nodeId && !SPEC_FIELDS.some((f) => f in set) && sameSpecView(inst.state, inst.desiredState, to, desired)) return null;
+    const nodes = specNodes([inst.nodeId, nodeId]);
+    // The generations' statement would run whether or not the guard held, unless it reads the node from the row.
+    if (guard && nodes.length && !rowNode) throw new Error(`a guarded change must leave the host's spec as it is (${inst.state} → ${to})`);
+    const bumped = rowNode
+      ? specsBumpedSql(`ARRAY(SELECT node_id FROM instances WHERE id = $1 AND node_id IS NOT NULL${guard})`)
+      : nodes.length
+        ? specsBumpedSql(add(nodes))
+        : null;
+    if (!bumped) return null;
+    return {
+      before: [`g AS (${bumped})`],
+      assignments: [
+        `spec_generation = COALESCE((SELECT generation FROM g WHERE "nodeId" = ${rowNode ? "instances.node_id" : `${add(nodeId)}::text`}), spec_generation)`,
+      ],
+      returned: `(SELECT json_agg(json_build_object('nodeId', "nodeId", 'generation', generation)) FROM g)`,
+      applied(w, specs) {
+        for (const s of (specs as { nodeId: string; generation: number }[] | null) ?? []) w.spec(s.nodeId, s.generation);
+      },
+    };
+  },
+};

@@ -1,6 +1,6 @@
 import { AppError } from "../../../contracts/errors.ts";
-import type { Sql } from "../../kernel/db.ts";
-import { formatIpv4, type Range } from "./ipam.ts";
+import { one, type Sql } from "../../kernel/db.ts";
+import { formatIpv4, leasableCount, type Range } from "./ipam.ts";
 
 /** Make the address rows of a new range: every offset but network, broadcast and gateway. */
 export async function createAddresses(sql: Sql, ipPoolId: string, range: Range): Promise<void> {
@@ -33,4 +33,15 @@ export async function releaseLease(sql: Sql, instanceId: string): Promise<string
     instanceId,
   ]);
   return gone?.address ?? null;
+}
+
+/** A hosted pool's range and how much of it is leased; null for pools without one. */
+export async function ipamOf(sql: Sql, poolId: string): Promise<{ range: string; total: number; used: number } | null> {
+  const row = await one<{ cidr: string; prefix: number; used: number }>(
+    sql,
+    `SELECT ip.cidr, ip.prefix, (SELECT count(*)::int FROM ip_addresses a WHERE a.ip_pool_id = ip.id AND a.instance_id IS NOT NULL) AS used
+       FROM ip_pools ip WHERE ip.pool_id = $1`,
+    [poolId],
+  );
+  return row ? { range: row.cidr, total: leasableCount({ size: 2 ** (32 - row.prefix) }), used: row.used } : null;
 }

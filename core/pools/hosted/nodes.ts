@@ -1,9 +1,9 @@
 import { z } from "zod";
 import { AppError, notFound } from "../../../contracts/errors.ts";
-import { gpuClaim } from "../../catalog/shapes.ts";
 import { one, type Sql } from "../../kernel/db.ts";
 import { parseInput, resourceName } from "../../kernel/validation.ts";
 import type { Write } from "../../kernel/write.ts";
+import { gpuClaim } from "../../tenancy/quota.ts";
 import { requirePool } from "../pools.ts";
 import { requireCapability } from "../registry.ts";
 

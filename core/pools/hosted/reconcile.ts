@@ -1,4 +1,5 @@
 import { isAppError } from "../../../contracts/errors.ts";
+import { DEFAULT_RUNTIME } from "../../../contracts/runtimes.ts";
 import { closeSpan, openSpan, spanOwner } from "../../books/spans.ts";
 import { type InstanceSet, markDeleted, writeChange } from "../../instances/changes.ts";
 import { CRASH_WINDOW_MS, decide, type Situation } from "../../instances/decide.ts";
@@ -26,7 +27,7 @@ export async function reconcileHosted(w: Write, inst: Instance, pool: Pool, maxR
       )
     : [];
   // The node's spec names the pool's runtime the same way (spec.ts).
-  const refusal = node?.refusing ? `host ${node.name} does not run this pool's runtime (${pool.runtime ?? "libvirt-kvm"}) and refuses its instances` : null;
+  const refusal = node?.refusing ? `host ${node.name} does not run this pool's runtime (${pool.runtime ?? DEFAULT_RUNTIME}) and refuses its instances` : null;
   const fresh = inst.observedState !== null && inst.observedGeneration >= inst.specGeneration;
   const shape = inst.observedShape;
   const crashed = inst.state === "error" && inst.conditions.some((c) => c.type === "RuntimeError" && c.reason === "GuestCrashed");

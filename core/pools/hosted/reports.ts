@@ -1,6 +1,7 @@
 import { isIP } from "node:net";
 import { AppError } from "../../../contracts/errors.ts";
 import type { Capacity, StatusReport } from "../../../contracts/host.ts";
+import { DEFAULT_RUNTIME } from "../../../contracts/runtimes.ts";
 import { lockInstance, writeChange } from "../../instances/changes.ts";
 import type { Write } from "../../kernel/write.ts";
 
@@ -39,9 +40,9 @@ export async function recordReport(
     addressed: { id: string; addresses: string[] }[];
   }>(
     `WITH node AS (
-       SELECT n.lost_at IS NOT NULL AS "wasLost", n.state, COALESCE(p.runtime, 'libvirt-kvm') AS runtime,
+       SELECT n.lost_at IS NOT NULL AS "wasLost", n.state, COALESCE(p.runtime, '${DEFAULT_RUNTIME}') AS runtime,
               EXISTS (SELECT 1 FROM node_gpus g WHERE g.node_id = n.id) AS "hasGpus",
-              ($6::text[] IS NOT NULL AND NOT (COALESCE(p.runtime, 'libvirt-kvm') = ANY($6::text[]))) AS refuses
+              ($6::text[] IS NOT NULL AND NOT (COALESCE(p.runtime, '${DEFAULT_RUNTIME}') = ANY($6::text[]))) AS refuses
          FROM nodes n JOIN pools p ON p.id = n.pool_id WHERE n.id = $1 AND n.gone_at IS NULL),
      heard AS (SELECT 1 FROM node WHERE NOT refuses),
      changed AS (

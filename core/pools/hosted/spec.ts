@@ -1,6 +1,7 @@
 import { createHash } from "node:crypto";
 import { notFound } from "../../../contracts/errors.ts";
 import { type InstanceSpec, macFor, type NetworkPolicy, type NodeSpec, type NodeSpecChange } from "../../../contracts/host.ts";
+import { DEFAULT_RUNTIME } from "../../../contracts/runtimes.ts";
 import { specPower } from "../../instances/decide.ts";
 import type { DesiredState, InstanceState } from "../../instances/state.ts";
 import type { Sql } from "../../kernel/db.ts";
@@ -117,7 +118,7 @@ export async function buildNodeSpecChange(
   return {
     nodeId,
     generation: head.generation,
-    runtime: head.runtime ?? "libvirt-kvm",
+    runtime: head.runtime ?? DEFAULT_RUNTIME,
     since,
     instances: rows.filter((r): r is typeof r & SpecRow => r.id !== null).map(instanceSpecOf(sealer, hostNetwork)),
     dropped: [...held].filter((id) => !now.has(id)).sort(),

@@ -2,7 +2,16 @@ import { AppError, invalid, notFound } from "../../../contracts/errors.ts";
 import { one } from "../../kernel/db.ts";
 import type { PoolDriver } from "../driver.ts";
 import { offersOf, smallestFitting } from "./accounts.ts";
+import type { ProviderSessions } from "./contract.ts";
+import { providerChecks } from "./doctor.ts";
 import { syncProviderInstance } from "./sync.ts";
+
+declare module "../driver.ts" {
+  /** What `sync` needs beyond the seam's: the worker's provider sessions, one per account (infra/providers.ts). */
+  interface SyncIo {
+    providers: ProviderSessions;
+  }
+}
 
 /**
  * Provider pools (`provider`): VMs on a cloud someone else runs, through a provider account. The provider
@@ -59,4 +68,6 @@ export const providerDriver: PoolDriver = {
   },
 
   sync: syncProviderInstance,
+
+  doctor: providerChecks,
 };

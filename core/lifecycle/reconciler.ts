@@ -1,10 +1,10 @@
+import { type HostCommandRow, unsettledCommandsStatement } from "../commands/commands.ts";
+import type { Instance } from "../instances/model.ts";
 import { batch } from "../kernel/db.ts";
 import type { Write } from "../kernel/write.ts";
 import type { DriverDeps, Pool } from "../pools/driver.ts";
-import { type HostCommandRow, unsettledCommandsStatement } from "../pools/hosted/commands.ts";
 import { heldInstanceAndPool, lockInstanceAndPoolStatement } from "../pools/pools.ts";
 import { driverFor } from "../pools/registry.ts";
-import type { Instance } from "./model.ts";
 import { settleCommands } from "./snapshots.ts";
 
 /**

@@ -3,6 +3,9 @@ import { AppError, notFound } from "../../contracts/errors.ts";
 import type { NetworkPolicy } from "../../contracts/host.ts";
 import { openSpanSql, spanOwner, spanParams } from "../books/spans.ts";
 import { chargeOf, type Shape, shape as shapeSchema } from "../catalog/shapes.ts";
+import { eventMessage } from "../instances/changes.ts";
+import { INSTANCE_COLUMNS, type Instance } from "../instances/model.ts";
+import { sshPublicKey } from "../instances/ssh.ts";
 import { instanceId } from "../kernel/ids.ts";
 import type { Sealer } from "../kernel/seal.ts";
 import { idempotencyKey, parseInput } from "../kernel/validation.ts";
@@ -11,10 +14,7 @@ import type { DriverDeps } from "../pools/driver.ts";
 import { poolFromJson } from "../pools/pools.ts";
 import { driverFor } from "../pools/registry.ts";
 import { chargeRows, chargeSql, ensureUsageRows, needsUsageRows, quotaRefusal } from "../tenancy/quota.ts";
-import { eventMessage } from "./changes.ts";
 import { admits, type Catalog, catalogSql, type LookupCache } from "./lookup.ts";
-import { INSTANCE_COLUMNS, type Instance } from "./model.ts";
-import { sshPublicKey } from "./ssh.ts";
 
 export const MAX_USER_DATA = 64 * 1024;
 

@@ -7,7 +7,7 @@ import type { Write } from "../kernel/write.ts";
 import { deleteSandbox } from "../sandboxes/sandboxes.ts";
 import { deleteSandboxSnapshot } from "../sandboxes/snapshots.ts";
 import { deleteTemplate } from "../sandboxes/templates.ts";
-import { TENANT_COLUMNS, type Tenant } from "./tenants.ts";
+import { TENANT_COLUMNS, type Tenant } from "../tenancy/tenants.ts";
 
 /**
  * Deleting a tenant, in two steps. `deleteTenant` (the mutation) marks it and revokes every token of its

@@ -1,8 +1,6 @@
 import { AppError, notFound } from "../../contracts/errors.ts";
 import { type CommandReport, type HostCommandKind, snapshotResult } from "../../contracts/host.ts";
 import type { Principal } from "../auth/principal.ts";
-import { batch, one, type Sql } from "../kernel/db.ts";
-import type { Write } from "../kernel/write.ts";
 import {
   commandReportStatement,
   enqueueCommand,
@@ -11,11 +9,13 @@ import {
   recordCommandReport,
   settleCommand,
   unsettledCommands,
-} from "../pools/hosted/commands.ts";
+} from "../commands/commands.ts";
+import { lockInstance, writeChange } from "../instances/changes.ts";
+import type { Instance } from "../instances/model.ts";
+import { batch, one, type Sql } from "../kernel/db.ts";
+import type { Write } from "../kernel/write.ts";
 import { requirePool } from "../pools/pools.ts";
 import { requireCapability } from "../pools/registry.ts";
-import { lockInstance, writeChange } from "./changes.ts";
-import type { Instance } from "./model.ts";
 import { commandInstanceLock, POWER_MOVES, settlePowerReport, settlesInOneMessage } from "./power-reports.ts";
 
 /**

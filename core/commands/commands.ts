@@ -1,13 +1,15 @@
-import { notFound } from "../../../contracts/errors.ts";
-import type { CommandReport, HostCommand, HostCommandKind } from "../../../contracts/host.ts";
-import { one, type Sql, type Statement } from "../../kernel/db.ts";
-import type { Write } from "../../kernel/write.ts";
+import { notFound } from "../../contracts/errors.ts";
+import type { CommandReport, HostCommand, HostCommandKind } from "../../contracts/host.ts";
+import { one, type Sql, type Statement } from "../kernel/db.ts";
+import type { Write } from "../kernel/write.ts";
 
 /**
  * Host commands, on the server's side: a queue per node in `host_commands`. A command is sent to its node's
  * agent until the agent reports it finished or its deadline passes; the agent's reports are recorded here and
- * wake the reconciler, which settles the outcome into the instance (instances/snapshots.ts). Every step is
+ * wake the reconciler, which settles the outcome into the instance (core/lifecycle/snapshots.ts). Every step is
  * keyed by the command's id, so a report sent twice, or a command sent twice, changes nothing the second time.
+ * Only hosted pools' nodes have agents to run them; this module sits apart from core/pools/hosted so that the
+ * lifecycle operations and sandboxes that queue and settle commands need not reach into a pool class's folder.
  */
 
 export type CommandState = "pending" | "running" | "succeeded" | "failed" | "expired" | "cancelled";
@@ -136,7 +138,7 @@ export async function commandsForNode(sql: Sql, nodeId: string, now: Date): Prom
 /**
  * The statement that records a host's report on one of its commands (see recordCommandReport). `settleAlone`:
  * a final report also settles the command when it is the only unsettled one of an instance that is not
- * deleted, which the caller holds locked (snapshots.ts applies its outcome in the same write).
+ * deleted, which the caller holds locked (core/lifecycle/snapshots.ts applies its outcome in the same write).
  */
 export function commandReportStatement(w: Write, nodeId: string, report: CommandReport, opts: { settleAlone?: boolean } = {}): Statement {
   // One statement when the report changes something (the update waits for, and re-checks, a row another

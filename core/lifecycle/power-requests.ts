@@ -1,11 +1,11 @@
 import type { Principal } from "../auth/principal.ts";
+import { commandFromRow, POWER_COMMAND_MS } from "../commands/commands.ts";
+import { CHANGED_ROW, changeStatement, instanceLockStatement } from "../instances/changes.ts";
+import type { Instance } from "../instances/model.ts";
+import type { DesiredState } from "../instances/state.ts";
 import type { Sql } from "../kernel/db.ts";
 import { ContendedWrite, type Write } from "../kernel/write.ts";
-import { commandFromRow, POWER_COMMAND_MS } from "../pools/hosted/commands.ts";
 import { classesWith } from "../pools/registry.ts";
-import { CHANGED_ROW, changeStatement, instanceLockStatement } from "./changes.ts";
-import type { Instance } from "./model.ts";
-import type { DesiredState } from "./state.ts";
 
 /**
  * An owner's pause of a running instance, or resume of a paused one, in one message to the database: the

@@ -1,10 +1,10 @@
 import { notFound } from "../../contracts/errors.ts";
 import type { CommandReport, HostCommandKind } from "../../contracts/host.ts";
+import { commandReportStatement, commandRowStatement, type HostCommandRow } from "../commands/commands.ts";
+import { CHANGED_ROW, changeStatement } from "../instances/changes.ts";
+import { INSTANCE_COLUMNS } from "../instances/model.ts";
 import type { Sql, Statement } from "../kernel/db.ts";
 import type { Write } from "../kernel/write.ts";
-import { commandReportStatement, commandRowStatement, type HostCommandRow } from "../pools/hosted/commands.ts";
-import { CHANGED_ROW, changeStatement } from "./changes.ts";
-import { INSTANCE_COLUMNS } from "./model.ts";
 
 /** What a pause or resume command that succeeded moves, with the reason a host report would give. */
 export const POWER_MOVES: Partial<Record<HostCommandKind, { from: "running" | "paused"; to: "running" | "paused"; reason: string }>> = {
@@ -34,7 +34,7 @@ export function settlesInOneMessage(w: Write, report: CommandReport): report is 
  * succeeded, of that kind and instance, the only one of its instance not yet settled, and the instance still
  * where the command moves it from, with its owner wanting it where the command moves it to. The command is
  * marked settled with the change only: where a guard fails the report is still recorded, unsettled, and the
- * reconciler, woken by it, settles the command as it settles any other (instances/snapshots.ts). The audit row goes in the same
+ * reconciler, woken by it, settles the command as it settles any other (snapshots.ts). The audit row goes in the same
  * statement, written only if this report changed the command (a repeated report changes nothing).
  */
 export async function settlePowerReport(

@@ -2,16 +2,16 @@ import { AppError, invalid, notFound } from "../../contracts/errors.ts";
 import type { Principal } from "../auth/principal.ts";
 import { flavorByName } from "../catalog/flavors.ts";
 import { chargeOf, gpuCount, type Shape, shape as shapeSchema } from "../catalog/shapes.ts";
+import { enqueueCommand, POWER_COMMAND_MS } from "../commands/commands.ts";
+import { CHANGED_ROW, lockInstance, writeChange } from "../instances/changes.ts";
+import type { Instance } from "../instances/model.ts";
+import type { DesiredState } from "../instances/state.ts";
 import { parseInput } from "../kernel/validation.ts";
 import type { Write } from "../kernel/write.ts";
-import { enqueueCommand, POWER_COMMAND_MS } from "../pools/hosted/commands.ts";
 import { lockInstanceAndPool, requirePool } from "../pools/pools.ts";
 import { requireCapability } from "../pools/registry.ts";
 import { chargeQuota, releaseQuota } from "../tenancy/quota.ts";
-import { CHANGED_ROW, lockInstance, writeChange } from "./changes.ts";
-import type { Instance } from "./model.ts";
 import { powerInOneMessage, requestPower } from "./power-requests.ts";
-import type { DesiredState } from "./state.ts";
 
 /**
  * What owners ask of an existing instance. Requests only record intent (desiredState) and wake the reconciler;
