@@ -29,9 +29,9 @@
 //   tenancy/          kernel/, auth/
 //   catalog/          kernel/, auth/, tenancy/
 //   books/            kernel/, auth/, tenancy/, catalog/
-//   commands/         host commands: kernel/ only
 //   instances/        the instance itself (model, state table, decide, changes, events, queries): the folders above,
 //                     nothing of pools/
+//   commands/         host commands, a module per kind (queue, settle) and their table: kernel/ and instances/ only
 //   pools/            the pool-driver seam (driver.ts, registry.ts, pools.ts, doctor.ts): the folders above
 //   pools/<class>/    one pool class each (hosted/, provider/): the folders above and the seam, never another class
 //   lifecycle/        admission, lifecycle and power requests, the reconciler step, snapshots: the folders above,
@@ -256,15 +256,6 @@ export const forbidden = [
     to: coreExcept("books", "kernel", "auth", "tenancy", "catalog"),
   },
   {
-    name: "core-inner-commands",
-    severity: "error",
-    comment:
-      "core/commands/ (the host command queue) is queued and settled by the lifecycle operations and sandboxes, and " +
-      "read by the host gateway: it stands on the kernel alone, so that none of them reaches into a pool class's folder for it.",
-    from: { path: "^core/commands/" },
-    to: coreExcept("commands", "kernel"),
-  },
-  {
     name: "core-instances-not-pools",
     severity: "error",
     comment:
@@ -273,7 +264,18 @@ export const forbidden = [
       "class adds to a change's statement (hosted pools' spec generations) comes in through a hook the class's driver " +
       "registers (ChangeHook). The operations that act on instances through pools live above it, in core/lifecycle/.",
     from: { path: "^core/instances/" },
-    to: coreExcept("instances", "kernel", "auth", "tenancy", "catalog", "books", "commands"),
+    to: coreExcept("instances", "kernel", "auth", "tenancy", "catalog", "books"),
+  },
+  {
+    name: "core-inner-commands",
+    severity: "error",
+    comment:
+      "core/commands/ (host commands: the queue, and each kind's module that queues it and settles its outcome into " +
+      "the instance) is queued by the hosted pools' driver, settled by the reconciler and the host gateway: it stands " +
+      "on the kernel and the instance alone, so the pool classes can build on it and none of its users reaches into " +
+      "a pool class's folder for it.",
+    from: { path: "^core/commands/" },
+    to: coreExcept("commands", "kernel", "instances"),
   },
   {
     name: "core-pools-not-operations",

@@ -12,7 +12,7 @@ import {
   ReportStatusDocument,
   SdkError,
 } from "../sdk/client.ts";
-import { CommandRunner } from "./commands.ts";
+import { CommandRunner } from "./commands/index.ts";
 import { Converger, type EgressRules } from "./converge.ts";
 import { InstanceLocks } from "./locks.ts";
 import type { Runtime } from "./runtimes/runtime.ts";
@@ -41,9 +41,9 @@ interface Identity {
 
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
 const REQUEST_TIMEOUT_MS = 15_000;
-/** The longest a status report waits for the command reports ahead of it (commands.ts, reportsSent). */
+/** The longest a status report waits for the command reports ahead of it (commands/index.ts, reportsSent). */
 const REPORT_BEHIND_COMMANDS_MS = 1_000;
-/** The longest a converge pass waits for the pauses and resumes under way (commands.ts, powerDone). */
+/** The longest a converge pass waits for the pauses and resumes under way (commands/index.ts, powerDone). */
 const POWER_FIRST_MS = 1_000;
 
 /**

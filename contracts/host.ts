@@ -1,5 +1,18 @@
 import { z } from "zod";
+import { commandKinds, type HostCommandKind, hostCommandKinds, powerArgs, refusalCodes } from "./commands.ts";
 import { egressCidr, egressProtos } from "./egress.ts";
+
+export {
+  type ExecChunk,
+  type ExecRequest,
+  type ExecResult,
+  execChunk,
+  execRequest,
+  execResult,
+  type HostCommandKind,
+  hostCommandKinds,
+  snapshotResult,
+} from "./commands.ts";
 
 /**
  * The host protocol: what the server tells a host agent (NodeSpec) and what the agent reports back
@@ -161,82 +174,43 @@ export function macFor(instanceId: string, hash: (s: string) => string): string 
 }
 
 /**
- * Host commands: one-shot operations the desired state cannot express (a snapshot is an act, not a state).
- * Each has an id the host keys its work and its journal by, so a command delivered twice (after an agent or a
- * server restart) runs once; a deadline after which the host must not start it; and arguments by kind.
- * Commands arrive on the same websocket as the spec; the host answers with CommandReports (`running` when
- * it takes the command, then `succeeded` or `failed`), and the server's reconciler settles the result.
+ * Host commands: one-shot operations the desired state cannot express (a snapshot is an act, not a state), one
+ * kind each in the table of contracts/commands.ts. Each has an id the host keys its work (and its journal) by, so
+ * a command delivered twice (after an agent or a server restart) runs once; a deadline after which the host must
+ * not start it; and its kind's arguments. Commands arrive on the same websocket as the spec; the host answers
+ * with CommandReports (`running` when it takes a journalled command, then `succeeded` or `failed`), and the
+ * server settles the outcome.
  */
-export const hostCommandKinds = ["instance.snapshot", "instance.restore", "instance.exec", "instance.resume", "instance.pause"] as const;
-export type HostCommandKind = (typeof hostCommandKinds)[number];
-
-/**
- * A pause's or resume's instance, and the node spec generation that says the same (the write that queued the
- * command made it). The command arrives ahead of that spec: until the host has it, a converge pass on an older
- * spec would undo the command, so it leaves the instance alone. Absent from an older server's commands.
- */
-const powerArgs = z.object({ instanceId: z.string().regex(/^inst_[a-z2-7]{52}$/), generation: z.number().int().nonnegative().optional() });
 const commandBase = {
   id: z.string().regex(/^cmd_[a-z2-7]+$/),
   /** ISO 8601: past it the host refuses to start the command (the server has given up on it by then). */
   deadline: z.iso.datetime({ offset: true }),
 };
-export const execRequest = z.object({
-  instanceId: z.string().regex(/^inst_[a-z2-7]{52}$/),
-  /** argv: the program and its arguments (looked up in PATH when it has no slash). */
-  command: z.array(z.string().max(65_536)).min(1).max(1024),
-  /** Added to the guest's environment (the template's env, then the request's). */
-  env: z.record(z.string(), z.string()).default({}),
-  stdin: z.string().max(1_048_576).nullable().default(null),
-  timeoutMs: z.number().int().min(1).max(3_600_000),
-  /** The most output (UTF-8 bytes) the server keeps of it: the host need send no more. Absent from an older server's commands. */
-  outputBytes: z.number().int().min(1).optional(),
-});
-export type ExecRequest = z.infer<typeof execRequest>;
-
-/** A piece of a running command's output, in order per command (`seq` from 0). UTF-8 text. */
-export const execChunk = z.object({ seq: z.number().int().min(0), stream: z.enum(["stdout", "stderr"]), data: z.string().max(1_048_576) });
-export type ExecChunk = z.infer<typeof execChunk>;
-
-/** How an exec ended: its exit code, or the signal that killed it (a timeout kills it). */
-export const execResult = z.object({ exitCode: z.number().int().nullable(), signal: z.string().nullable(), timedOut: z.boolean() });
-export type ExecResult = z.infer<typeof execResult>;
-
-const snapshotRef = z.object({
-  instanceId: z.string().regex(/^inst_[a-z2-7]{52}$/),
-  snapshotId: z.string().regex(/^snap_[a-z2-7]+$/),
-});
-
-export const hostCommand = z.discriminatedUnion("kind", [
-  /** Save the instance's memory and disk as `snapshotId`, kept on this host; the instance keeps its power state. */
-  z.object({ ...commandBase, kind: z.literal("instance.snapshot"), args: snapshotRef }),
-  /** Put the instance back to `snapshotId` (its memory and disk as saved); it runs on from there. */
-  z.object({ ...commandBase, kind: z.literal("instance.restore"), args: snapshotRef }),
-  /**
-   * Run a command in the guest. Output goes back as ExecChunks while it runs; the final report's result is an
-   * execResult. Past `timeoutMs` the command is killed.
-   */
-  z.object({ ...commandBase, kind: z.literal("instance.exec"), args: execRequest }),
-  /**
-   * Resume a paused instance now (a warm sandbox just claimed, or a resume asked for): straight to the host,
-   * ahead of the spec that also says so, so it does not wait for a converge pass and a report.
-   */
-  z.object({ ...commandBase, kind: z.literal("instance.resume"), args: powerArgs }),
-  /** Pause a running instance now, the same way. */
-  z.object({ ...commandBase, kind: z.literal("instance.pause"), args: powerArgs }),
-]);
+type CommandSchema<K extends HostCommandKind> = z.ZodObject<{
+  id: typeof commandBase.id;
+  deadline: typeof commandBase.deadline;
+  kind: z.ZodLiteral<K>;
+  args: (typeof commandKinds)[K]["args"];
+}>;
+type AnyCommandSchema = { [K in HostCommandKind]: CommandSchema<K> }[HostCommandKind];
+const commandOf = <K extends HostCommandKind>(kind: K): CommandSchema<K> => z.object({ ...commandBase, kind: z.literal(kind), args: commandKinds[kind].args });
+export const hostCommand = z.discriminatedUnion("kind", hostCommandKinds.map(commandOf) as [AnyCommandSchema, ...AnyCommandSchema[]]);
 export type HostCommand = z.infer<typeof hostCommand>;
-
-/** What a command produced, by kind. */
-export const snapshotResult = z.object({ sizeBytes: z.number().int().min(0) });
+/** The commands of kind `K` (a union of kinds: of any of them). */
+export type HostCommandOf<K extends HostCommandKind> = { [P in HostCommandKind]: Extract<HostCommand, { kind: P }> }[K];
 
 export const commandReport = z.object({
   id: commandBase.id,
   state: z.enum(["running", "succeeded", "failed"]),
-  /** succeeded: the kind's result (instance.snapshot: snapshotResult); null otherwise. */
+  /** succeeded: the kind's result (its `result` in the table); null otherwise. */
   result: z.record(z.string(), z.unknown()).nullable().default(null),
-  /** failed: the runtime's message. */
+  /** failed: the runtime's message, for people. */
   error: z.string().max(4000).nullable().default(null),
+  /**
+   * failed: why, as the server maps it (refusalCodes). A code this server does not know reads as `internal`;
+   * absent from an older agent's reports.
+   */
+  code: z.enum(refusalCodes).catch("internal").optional(),
   /**
    * A pause's or resume's final report may say which it was and of which instance, as the host was told: the
    * server can then settle it into the instance in the message that records it (it holds the command's row to
@@ -244,8 +218,8 @@ export const commandReport = z.object({
    */
   power: z.object({ kind: z.enum(["instance.pause", "instance.resume"]), instanceId: powerArgs.shape.instanceId }).optional(),
   /**
-   * A report on a tenant's exec: it takes its turn with API work on the server rather than going ahead of it, as
-   * the host's own state does (a host that says so of another command only delays itself).
+   * A report on a command of the `bulk` lane (a tenant's exec): it takes its turn with API work on the server rather
+   * than going ahead of it, as the host's own state does (a host that says so of another command only delays itself).
    */
   bulk: z.boolean().optional(),
 });

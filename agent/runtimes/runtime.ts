@@ -1,3 +1,4 @@
+import type { RefusalCode } from "../../contracts/commands.ts";
 import type { Capacity, ExecRequest, ExecResult, InstanceSpec } from "../../contracts/host.ts";
 
 /**
@@ -14,12 +15,14 @@ export interface DomainStatus {
 
 /**
  * A runtime refused: `retryable` when another host might succeed (this host lacks something), not when the
- * request itself is bad (an image whose digest does not match). Carries the runtime's own message.
+ * request itself is bad (an image whose digest does not match). Carries the runtime's own message, for people,
+ * and `code`, for the server, which maps codes and never reads messages (contracts/commands.ts, refusalCodes).
  */
 export class RuntimeError extends Error {
   constructor(
     message: string,
     readonly retryable: boolean,
+    readonly code: RefusalCode = "internal",
   ) {
     super(message);
     this.name = "RuntimeError";
@@ -54,19 +57,20 @@ export interface Runtime {
   /**
    * Save a running or paused domain's memory and disk as `snapshotId`, kept with the domain (`remove` deletes
    * it). The domain ends in the power state it had. A snapshot already complete is not taken again: its size
-   * is returned. A stopped domain has no memory to save: a non-retryable RuntimeError.
+   * is returned. A stopped domain has no memory to save: a non-retryable RuntimeError (`not-running`).
    */
   snapshot(id: string, snapshotId: string): Promise<{ sizeBytes: number }>;
   /**
    * Put the domain back to `snapshotId`, disk and memory, in the power state it was saved in, whatever its
    * power state now (a running domain is stopped hard: it is being reverted). The snapshot stays usable.
-   * An unknown snapshot is a non-retryable RuntimeError.
+   * An unknown snapshot is a non-retryable RuntimeError (`not-found`).
    */
   restore(id: string, snapshotId: string): Promise<void>;
   /**
    * Run a command in a running guest, with the spec's env plus the request's, stdin if given; each piece of
    * output goes to `onOutput` as it comes, in order. Killed past `timeoutMs` (timedOut). A guest the runtime
-   * cannot reach (no guest agent) is a non-retryable RuntimeError that says so.
+   * cannot reach (no guest agent) is a non-retryable RuntimeError that says so, coded `unsupported`; a guest
+   * not running, `not-running`.
    */
   exec(id: string, req: Omit<ExecRequest, "instanceId">, onOutput: (stream: "stdout" | "stderr", data: string) => void): Promise<ExecResult>;
   close(): Promise<void>;

@@ -1,15 +1,15 @@
-import { notFound } from "../../contracts/errors.ts";
+import type { RefusalCode } from "../../contracts/commands.ts";
 import type { CommandReport, HostCommand, HostCommandKind } from "../../contracts/host.ts";
-import { one, type Sql, type Statement } from "../kernel/db.ts";
+import { INSTANCE_COLUMNS, type Instance } from "../instances/model.ts";
+import type { Sql, Statement } from "../kernel/db.ts";
 import type { Write } from "../kernel/write.ts";
 
 /**
- * Host commands, on the server's side: a queue per node in `host_commands`. A command is sent to its node's
- * agent until the agent reports it finished or its deadline passes; the agent's reports are recorded here and
- * wake the reconciler, which settles the outcome into the instance (core/lifecycle/snapshots.ts). Every step is
- * keyed by the command's id, so a report sent twice, or a command sent twice, changes nothing the second time.
- * Only hosted pools' nodes have agents to run them; this module sits apart from core/pools/hosted so that the
- * lifecycle operations and sandboxes that queue and settle commands need not reach into a pool class's folder.
+ * Host commands, on the server's side: a queue per node in `host_commands`, whatever the kind. A command is sent
+ * to its node's agent until the agent reports it finished or its deadline passes; the agent's reports are
+ * recorded (./reports.ts) and its outcome settled into the instance by its kind's module (./kinds.ts). Every step
+ * is keyed by the command's id, so a report sent twice, or a command sent twice, changes nothing the second time.
+ * Only hosted pools' nodes have agents to run them: their driver queues commands (core/pools/hosted/driver.ts).
  */
 
 export type CommandState = "pending" | "running" | "succeeded" | "failed" | "expired" | "cancelled";
@@ -26,23 +26,35 @@ export interface HostCommandRow {
   deadline: Date;
   result: Record<string, unknown> | null;
   error: string | null;
+  /** failed: why, in the host protocol's vocabulary; null where the host said none (an older agent) or it did not fail. */
+  errorCode: RefusalCode | null;
   createdAt: Date;
   startedAt: Date | null;
   finishedAt: Date | null;
   settledAt: Date | null;
 }
 
-const COLUMNS = `id, node_id AS "nodeId", instance_id AS "instanceId", kind, args, state, deadline, result, error,
+/**
+ * How a kind's outcome settles into its instance (and the rows beside it), once its host's final report is
+ * recorded (or its deadline passed: `expired`). Returns the instance when it changed it. `last`: the caller's
+ * write ends with this, and a change goes as the write's last statement (writeChange's `last`).
+ */
+export type Settle = (w: Write, inst: Instance, c: HostCommandRow, how: { expired: boolean; last: boolean }) => Promise<Instance | null>;
+
+/** The server's side of one command kind, in the table of ./kinds.ts. */
+export interface ServerKind {
+  settle: Settle;
+  /** After its host's final word is recorded (an exec: its watchers read its end). */
+  finished?(w: Write, c: HostCommandRow): void;
+  /** Its instance is deleted: what of the rows beside it goes with the domain (a snapshot's files went with it). */
+  gone?(w: Write, instanceId: string): Promise<void>;
+}
+
+const COLUMNS = `id, node_id AS "nodeId", instance_id AS "instanceId", kind, args, state, deadline, result, error, error_code AS "errorCode",
   created_at AS "createdAt", started_at AS "startedAt", finished_at AS "finishedAt", settled_at AS "settledAt"`;
 
 /** A row as the host protocol carries it. */
 const asHostCommand = (r: HostCommandRow): HostCommand => ({ id: r.id, kind: r.kind, deadline: r.deadline.toISOString(), args: r.args }) as HostCommand;
-
-/**
- * How long a pause or resume command may wait to be taken: past it the spec, which asks for the same power state,
- * does the job.
- */
-export const POWER_COMMAND_MS = 60_000;
 
 /** Queue a command for a node; its agent hears of it once the write commits. */
 export async function enqueueCommand(
@@ -112,6 +124,7 @@ function newCommand(
     deadline: new Date(w.now.getTime() + c.timeoutMs),
     result: null,
     error: null,
+    errorCode: null,
     createdAt: w.now,
     startedAt: null,
     finishedAt: null,
@@ -136,9 +149,9 @@ export async function commandsForNode(sql: Sql, nodeId: string, now: Date): Prom
 }
 
 /**
- * The statement that records a host's report on one of its commands (see recordCommandReport). `settleAlone`:
- * a final report also settles the command when it is the only unsettled one of an instance that is not
- * deleted, which the caller holds locked (core/lifecycle/snapshots.ts applies its outcome in the same write).
+ * The statement that records a host's report on one of its commands (./reports.ts, recordCommandReport).
+ * `settleAlone`: a final report also settles the command when it is the only unsettled one of an instance that
+ * is not deleted, which the caller holds locked (./reports.ts applies its outcome in the same write).
  */
 export function commandReportStatement(w: Write, nodeId: string, report: CommandReport, opts: { settleAlone?: boolean } = {}): Statement {
   // One statement when the report changes something (the update waits for, and re-checks, a row another
@@ -150,7 +163,7 @@ export function commandReportStatement(w: Write, nodeId: string, report: Command
     };
   // An exec's output tally (core/sandboxes/exec-output.ts) is the server's: kept under the host's result, which may not name it.
   return {
-    text: `UPDATE host_commands h SET state = $3, error = $5,
+    text: `UPDATE host_commands h SET state = $3, error = $5, error_code = $8,
                   result = CASE WHEN h.kind <> 'instance.exec' THEN $4::jsonb
                                 ELSE (COALESCE($4::jsonb, '{}'::jsonb) - 'output') || COALESCE(h.result, '{}'::jsonb) END,
                   started_at = COALESCE(started_at, $6), finished_at = $6,
@@ -159,7 +172,16 @@ export function commandReportStatement(w: Write, nodeId: string, report: Command
                                      AND EXISTS (SELECT 1 FROM instances i WHERE i.id = h.instance_id AND i.state <> 'deleted')
                                 THEN $6::timestamptz END
             WHERE id = $1 AND node_id = $2 AND state IN ('pending', 'running') RETURNING ${COLUMNS}`,
-    params: [report.id, nodeId, report.state, report.result === null ? null : JSON.stringify(report.result), report.error, w.now, opts.settleAlone ?? false],
+    params: [
+      report.id,
+      nodeId,
+      report.state,
+      report.result === null ? null : JSON.stringify(report.result),
+      report.error,
+      w.now,
+      opts.settleAlone ?? false,
+      report.state === "failed" ? (report.code ?? null) : null,
+    ],
   };
 }
 
@@ -168,38 +190,12 @@ export function commandRowStatement(id: string, nodeId: string): Statement {
   return { text: `SELECT ${COLUMNS} FROM host_commands WHERE id = $1 AND node_id = $2`, params: [id, nodeId] };
 }
 
-/**
- * An agent's report on one of its node's commands. `running` acknowledges it; `succeeded` or `failed` finishes
- * it and wakes the reconciler to settle it (or its statement settled it: commandReportStatement's
- * `settleAlone`). The first final word counts: a late or repeated report changes nothing (nor does one after
- * the deadline expired the command); `changed` says which it was. `updated`: what commandReportStatement
- * returned, when the caller sent it itself (with other statements, in one round trip).
- */
-export async function recordCommandReport(
-  w: Write,
-  nodeId: string,
-  report: CommandReport,
-  updated?: HostCommandRow[],
-): Promise<{ row: HostCommandRow; changed: boolean }> {
-  const finished = report.state !== "running";
-  let rows = updated;
-  if (!rows) {
-    const st = commandReportStatement(w, nodeId, report);
-    rows = await w.sql.query<HostCommandRow>(st.text, st.params);
-  }
-  const [cmd] = rows;
-  if (!cmd) {
-    const st = commandRowStatement(report.id, nodeId);
-    const known = await one<HostCommandRow>(w.sql, st.text, st.params);
-    if (!known) throw notFound("host command", report.id);
-    w.unchanged();
-    return { row: known, changed: false };
-  }
-  if (finished && cmd.instanceId) w.wake(cmd.instanceId);
-  // An exec's watchers read its end from this row.
-  if (finished && cmd.kind === "instance.exec") w.execOutput(cmd.id);
-  w.audit({ targetId: cmd.id, details: { kind: cmd.kind, instanceId: cmd.instanceId, state: report.state, error: report.error } });
-  return { row: cmd, changed: true };
+/** The instance a node's command is for, locked: a report's write takes it first, in the reconciler's lock order. */
+export function commandInstanceLock(commandId: string, nodeId: string): Statement {
+  return {
+    text: `SELECT ${INSTANCE_COLUMNS} FROM instances WHERE id = (SELECT instance_id FROM host_commands WHERE id = $1 AND node_id = $2) FOR UPDATE`,
+    params: [commandId, nodeId],
+  };
 }
 
 /** The commands of an instance whose outcome the reconciler has yet to apply: finished, or past their deadline. */

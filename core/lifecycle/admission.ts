@@ -1,5 +1,5 @@
 import { z } from "zod";
-import { AppError, notFound } from "../../contracts/errors.ts";
+import { AppError, isAppError, notFound } from "../../contracts/errors.ts";
 import type { NetworkPolicy } from "../../contracts/host.ts";
 import { openSpanSql, spanOwner, spanParams } from "../books/spans.ts";
 import { chargeOf, type Shape, shape as shapeSchema } from "../catalog/shapes.ts";
@@ -119,20 +119,23 @@ export async function admitInstance(w: Write, deps: AdmissionDeps, caller: Calle
   const shape: Shape = parseInput(shapeSchema, found.flavor, "flavor");
 
   const desiredState = opts.desiredState ?? input.desiredState;
-  const placed = await driver.admit(
-    w,
-    {
-      pool,
-      tenantId: caller.tenantId,
-      instanceId: id,
-      imageId: input.imageId,
-      ...(image ? { image: found.image ?? null } : {}),
-      shape,
-      desiredState,
-      ...(opts.onlyNodeId ? { onlyNodeId: opts.onlyNodeId } : {}),
-    },
-    deps,
-  );
+  const request = {
+    pool,
+    tenantId: caller.tenantId,
+    instanceId: id,
+    imageId: input.imageId,
+    ...(image ? { image: found.image ?? null } : {}),
+    shape,
+    desiredState,
+    ...(opts.onlyNodeId ? { onlyNodeId: opts.onlyNodeId } : {}),
+  };
+  const placed = await driver.admit(w, request, deps).catch((e: unknown) => {
+    // Placed step by step (GPUs, a restore's node), the driver can refuse before this create has read whether it
+    // replays one, which a remembered catalog skipped: a replay in a full pool would be refused instead of getting
+    // its instance. Such a refusal is a guess that missed; the next attempt looks the catalog, and the instance, up.
+    if (remembered && isAppError(e)) throw new ContendedWrite(`the create of ${id} was placed on a remembered catalog and refused`, { guess: true });
+    throw e;
+  });
   // The first event is the create; the steps the driver proved follow it in order, one event and version each.
   const events = [
     { from_state: null, to_state: "pending", reason: "created", actor: caller.identityId, version: 1 },

@@ -2,14 +2,13 @@ import { AppError, invalid, notFound } from "../../contracts/errors.ts";
 import type { Principal } from "../auth/principal.ts";
 import { flavorByName } from "../catalog/flavors.ts";
 import { chargeOf, gpuCount, type Shape, shape as shapeSchema } from "../catalog/shapes.ts";
-import { enqueueCommand, POWER_COMMAND_MS } from "../commands/commands.ts";
-import { CHANGED_ROW, lockInstance, writeChange } from "../instances/changes.ts";
+import { lockInstance, writeChange } from "../instances/changes.ts";
 import type { Instance } from "../instances/model.ts";
 import type { DesiredState } from "../instances/state.ts";
 import { parseInput } from "../kernel/validation.ts";
 import type { Write } from "../kernel/write.ts";
 import { lockInstanceAndPool, requirePool } from "../pools/pools.ts";
-import { requireCapability } from "../pools/registry.ts";
+import { driverFor, requireCapability } from "../pools/registry.ts";
 import { chargeQuota, releaseQuota } from "../tenancy/quota.ts";
 import { powerInOneMessage, requestPower } from "./power-requests.ts";
 
@@ -50,22 +49,17 @@ export async function setDesiredState(w: Write, who: Principal, id: string, desi
   if (desired === "paused") requireCapability(pool, "pause", "pausing an instance");
   w.audit({ targetId: inst.id, tenantId: inst.tenantId, details: retry ? { desired, retry: true } : { desired } });
   if (!retry) {
-    // Pausing and resuming also go to the host as commands, confirmed by its answer (snapshots.ts settles it),
+    // Pausing and resuming also go to the host at once, through the pool's driver, confirmed by its answer,
     // instead of waiting for a converge pass over the node's spec and the report after it; the spec says the
-    // same, so a lost command only delays.
-    const power =
-      desired === "paused" && inst.state === "running" ? "instance.pause" : desired === "running" && inst.state === "paused" ? "instance.resume" : null;
-    if (!power || !inst.nodeId) return writeChange(w, inst, { desired_state: desired }, `requested:${desired}`, { last: true });
-    // The command names the spec generation the change gives the instance, which only the change's statement
-    // knows: its row rides in that statement (the write's last, with the audit row and the commit), which
-    // completes its args, and the agent is sent the same once committed.
-    const cmd = await enqueueCommand(
-      w,
-      { nodeId: inst.nodeId, instanceId: inst.id, kind: power, args: { instanceId: inst.id }, timeoutMs: POWER_COMMAND_MS },
-      { deferred: true, argsSql: (given) => `${given} || jsonb_build_object('generation', (SELECT spec_generation FROM ${CHANGED_ROW}))` },
-    );
+    // same, so a move lost on the way only delays.
+    const { power } = driverFor(pool.class);
+    const moves = (desired === "paused" && inst.state === "running") || (desired === "running" && inst.state === "paused");
+    if (!moves || !power || !inst.nodeId) return writeChange(w, inst, { desired_state: desired }, `requested:${desired}`, { last: true });
+    // What the driver queues rides in the change's statement (the write's last, with the audit row and the
+    // commit), which gives it the spec generation it names.
+    const queued = await power.withChange(w, inst, desired);
     const changed = await writeChange(w, inst, { desired_state: desired }, `requested:${desired}`, { last: true });
-    cmd.args.generation = changed.specGeneration;
+    queued(changed);
     // Nothing for a reconcile pass to do until the host answers, and its answer wakes the instance.
     w.settle(inst.id);
     return changed;

@@ -1,11 +1,11 @@
 import { type HostCommandRow, unsettledCommandsStatement } from "../commands/commands.ts";
+import { settleCommands } from "../commands/reports.ts";
 import type { Instance } from "../instances/model.ts";
 import { batch } from "../kernel/db.ts";
 import type { Write } from "../kernel/write.ts";
 import type { DriverDeps, Pool } from "../pools/driver.ts";
 import { heldInstanceAndPool, lockInstanceAndPoolStatement } from "../pools/pools.ts";
 import { driverFor } from "../pools/registry.ts";
-import { settleCommands } from "./snapshots.ts";
 
 /**
  * One look at one instance, in the Write's transaction: lock it, re-read it, settle what its host commands

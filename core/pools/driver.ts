@@ -1,4 +1,5 @@
-import type { DoctorDeps, Finding } from "../books/doctor.ts";
+import type { ExecRequest } from "../../contracts/commands.ts";
+import type { Survey } from "../books/doctor.ts";
 import type { ImageResolver, ResolvedImage } from "../catalog/images.ts";
 import type { Shape } from "../catalog/shapes.ts";
 import type { ChangeHook, InstanceSet } from "../instances/changes.ts";
@@ -42,12 +43,45 @@ export interface PoolInput {
 export type Capability =
   /** Operators run hosts in it: nodes, join tokens, capacity. */
   | "hosts"
-  /** Freeze a running instance in memory. */
+  /** Freeze a running instance in memory, and thaw it (`power`). */
   | "pause"
-  /** Change a stopped instance's flavor in place. */
+  /** Change a stopped instance's flavor in place (`resize`). */
   | "resize"
-  /** Save and restore an instance's memory and disk (host commands). */
-  | "snapshot";
+  /** Save and restore an instance's memory and disk (`snapshot`, `restore`). */
+  | "snapshot"
+  /** Run a command in the instance's guest (`exec`). */
+  | "exec";
+
+/** The methods each capability brings: a driver that declares one has them (the registry checks as it registers). */
+export const CAPABILITY_METHODS = {
+  hosts: [],
+  pause: ["power"],
+  resize: [],
+  snapshot: ["snapshot", "restore"],
+  exec: ["exec"],
+} as const satisfies Record<Capability, readonly (keyof PoolDriver)[]>;
+
+/** A driver known to have `C` (registry.ts, requireCapability): its methods are there. */
+export type DriverWith<C extends Capability> = PoolDriver & Required<Pick<PoolDriver, (typeof CAPABILITY_METHODS)[C][number]>>;
+
+export type PowerTarget = "paused" | "running";
+
+/**
+ * Capability `pause`: the instance's host freezes (`paused`) or thaws (`running`) it at once, instead of at its
+ * next converge pass; the change asking for it sets the same desired state, so a move lost on the way only
+ * delays. Three ways in, by where that change stands in the write (none adds a statement of its own but `after`).
+ */
+export interface PowerActs {
+  /** Before the change, which the write then makes as its last statement and which carries this; call the result with the changed row. */
+  withChange(w: Write, inst: Pick<Instance, "id" | "nodeId">, to: PowerTarget): Promise<(changed: Instance) => void>;
+  /** After the change that asked for it (`changed`: its row). */
+  after(w: Write, changed: Instance, to: PowerTarget): Promise<void>;
+  /**
+   * As a WITH part of a change's statement over a row the write has not read (core/lifecycle/power-requests.ts):
+   * `from` names the changed row's part; call `queued` with the changed row once the statement ran.
+   */
+  inStatement(w: Write, instanceId: string, to: PowerTarget, from: string): { part(add: (v: unknown) => string): string; queued(changed: Instance): void };
+}
 
 /** The class-specific columns of a new pool. */
 export interface PoolSettings {
@@ -115,6 +149,11 @@ export interface DriverDeps {
   runtimes: readonly string[];
   /** Hosts tried before an instance no host can create is left in error. */
   maxRecreateAttempts: number;
+  /**
+   * Hosted pools place every create step by step (`place`, as GPU requests, restores and retries are), never in
+   * admission's statement (`Placed.deferred`). Unset in deployments: tests set it to hold the two ways equal.
+   */
+  placeStepByStep?: boolean;
 }
 
 /**
@@ -146,6 +185,16 @@ export interface PoolDriver {
   checkFlavor(shape: Shape): void;
   /** Place the instance and take what it holds (before quota is charged), or refuse it. */
   admit(w: Write, req: AdmitRequest, deps: DriverDeps): Promise<Placed>;
+  /** Capability `pause`: freeze or thaw the instance where it runs, at once. */
+  readonly power?: PowerActs;
+  /**
+   * Capability `snapshot`: save the instance's memory and disk as `snapshotId` where it runs, or put it back, with
+   * the instance event that says it was asked for (the change it returns). `timeoutMs`: how long its host has.
+   */
+  snapshot?(w: Write, inst: Instance, snapshotId: string, timeoutMs: number): Promise<{ commandId: string; instance: Instance }>;
+  restore?(w: Write, inst: Instance, snapshotId: string, timeoutMs: number): Promise<{ commandId: string; instance: Instance }>;
+  /** Capability `exec`: run a command in the instance's guest; its output and end are read by the command's id. */
+  exec?(w: Write, inst: Pick<Instance, "id" | "nodeId">, args: ExecRequest): Promise<string>;
   /** Resize (capability `resize`): give back the old shape's hold and take the new one, in place. */
   resize(w: Write, inst: Instance, pool: Pool, next: Shape): Promise<InstanceSet>;
   /** What the instance holds in this class (allocation, address), given back; the caller releases quota. */
@@ -160,6 +209,6 @@ export interface PoolDriver {
   sync?(io: SyncIo, instanceId: string): Promise<number | null>;
   /** What the class adds to every instance change's statement (hosted: the nodes' spec generations); registered with the driver. */
   readonly changeHook?: ChangeHook;
-  /** The doctor's checks of this class's pools and what they stand on (hosts, provider accounts). */
-  doctor?(sql: Sql, deps: DoctorDeps): Promise<Finding[]>;
+  /** The doctor's surveys of this class's pools and what they stand on (hosts, provider accounts), in report order. */
+  readonly doctor?: readonly Survey[];
 }

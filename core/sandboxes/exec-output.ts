@@ -1,3 +1,4 @@
+import { EXEC_GRACE_MS, EXEC_MAX_MS } from "../../contracts/commands.ts";
 import { AppError, invalid, notFound } from "../../contracts/errors.ts";
 import type { ExecChunk } from "../../contracts/host.ts";
 import { one } from "../kernel/db.ts";
@@ -11,7 +12,7 @@ import type { Write } from "../kernel/write.ts";
  * refused while the tenant's kept output, each unfinished exec counted at the full per-exec cap, leaves no room.
  *
  * The tally lives in the command's `result` under `output` ({ bytes, truncated }) while it runs; the host's final
- * result is merged over it (core/commands/commands.ts), so the exec's end still says it was truncated.
+ * result is merged over it (core/commands/commands.ts, commandReportStatement), so the exec's end still says it was truncated.
  */
 export interface ExecOutputCaps {
   execOutputBytes: number;
@@ -24,9 +25,8 @@ export const EXEC_OUTPUT_CAPS: ExecOutputCaps = { execOutputBytes: 1024 * 1024, 
 
 /** How long an exec's output is kept once the command finished: watchers that reconnect within it read it all. */
 export const EXEC_OUTPUT_KEEP_MS = 60 * 60_000;
-/** The longest an exec runs (its timeoutSeconds at most), and how long past it its host has to report it. */
-export const EXEC_MAX_MS = 3_600_000;
-export const EXEC_GRACE_MS = 30_000;
+/** The longest an exec runs (its timeoutSeconds at most), and how long past it its host has to report it: the exec kind's (contracts/commands.ts). */
+export { EXEC_GRACE_MS, EXEC_MAX_MS };
 
 /** What a stored chunk costs beyond its data: its row. */
 const CHUNK_COST = 64;

@@ -1,17 +1,20 @@
-import { AppError, invalid } from "../../contracts/errors.ts";
+import { EXEC_MAX_MS, type RefusalCode } from "../../contracts/commands.ts";
+import { AppError, type ErrorCode, invalid } from "../../contracts/errors.ts";
 import { type ExecChunk, type ExecResult, execRequest, execResult } from "../../contracts/host.ts";
 import type { Principal } from "../auth/principal.ts";
-import { enqueueCommand } from "../commands/commands.ts";
+import { execRefusal, runningExecs } from "../commands/exec.ts";
 import { one, type Sql } from "../kernel/db.ts";
 import { parseInput } from "../kernel/validation.ts";
 import type { Write } from "../kernel/write.ts";
-import { checkTenantOutput, EXEC_GRACE_MS, EXEC_MAX_MS, EXEC_OUTPUT_CAPS, type ExecOutputCaps, tallyOf } from "./exec-output.ts";
+import { requireCapability } from "../pools/registry.ts";
+import { checkTenantOutput, EXEC_OUTPUT_CAPS, type ExecOutputCaps, tallyOf } from "./exec-output.ts";
 import { lockSandbox } from "./sandboxes.ts";
 
 export { EXEC_OUTPUT_CAPS, EXEC_OUTPUT_KEEP_MS, type ExecOutputCaps, recordExecOutput } from "./exec-output.ts";
 
 /**
- * Exec in a sandbox: a host command (`instance.exec`) for the node running its instance. The host streams the
+ * Exec in a sandbox, by its pool's driver (hosted: a host command, `instance.exec`, for the node running its
+ * instance: core/commands/exec.ts). The host streams the
  * output back in numbered chunks, kept in `exec_output` (a chunk sent twice is stored once, and at most the caps
  * of exec-output.ts); the command's final report carries how it ended. Watchers read both from the tables, woken
  * by the bus, so nothing is lost between a message and a read.
@@ -27,9 +30,10 @@ export async function requestExec(
   const s = await lockSandbox(w, who, sandboxId);
   // Shared, after the sandbox as deleteSandbox takes them: a delete committed first is seen here (its desired
   // state), and one that comes later waits until this exec is queued, so it cancels it.
-  const inst = await one<{ state: string; desiredState: string; nodeId: string | null }>(
+  const inst = await one<{ state: string; desiredState: string; nodeId: string | null; poolClass: string; poolName: string }>(
     w.sql,
-    `SELECT state, desired_state AS "desiredState", node_id AS "nodeId" FROM instances WHERE id = $1 FOR SHARE`,
+    `SELECT i.state, i.desired_state AS "desiredState", i.node_id AS "nodeId", p.class AS "poolClass", p.name AS "poolName"
+       FROM instances i JOIN pools p ON p.id = i.pool_id WHERE i.id = $1 FOR SHARE OF i`,
     [s.instanceId],
   );
   if (inst?.desiredState === "deleted") throw new AppError("PRECONDITION_FAILED", `sandbox ${sandboxId} is being deleted`, { state: inst.state });
@@ -50,41 +54,35 @@ export async function requestExec(
     },
     "exec",
   );
+  const driver = requireCapability({ class: inst.poolClass, name: inst.poolName }, "exec", "exec in a sandbox");
   // Under the sandbox's lock: two requests cannot both take its last place.
-  const running = await one<{ n: number }>(
-    w.sql,
-    `SELECT count(*)::int AS n FROM host_commands WHERE instance_id = $1 AND kind = 'instance.exec' AND finished_at IS NULL AND settled_at IS NULL`,
-    [s.instanceId],
-  );
-  if ((running?.n ?? 0) >= caps.execsPerSandbox)
+  if ((await runningExecs(w.sql, s.instanceId)) >= caps.execsPerSandbox)
     throw new AppError("RATE_LIMITED", `sandbox ${sandboxId} runs ${caps.execsPerSandbox} execs already, the most it runs at once; retry when one ends`, {
       limit: "sandboxes.execsPerSandbox",
       retryAfterMs: 1000,
     });
   await checkTenantOutput(w, s.tenantId, caps);
-  const cmd = await enqueueCommand(w, {
-    nodeId: inst.nodeId,
-    instanceId: s.instanceId,
-    kind: "instance.exec",
-    args,
-    timeoutMs: args.timeoutMs + EXEC_GRACE_MS,
-  });
+  const commandId = await driver.exec(w, { id: s.instanceId, nodeId: inst.nodeId }, args);
   // The audit keeps what ran, not its input: stdin and env values may hold the tenant's secrets.
-  w.audit({ targetId: sandboxId, tenantId: s.tenantId, details: { command: cmd.id, argv0: args.command[0], args: args.command.length - 1 } });
-  return { commandId: cmd.id };
+  w.audit({ targetId: sandboxId, tenantId: s.tenantId, details: { command: commandId, argv0: args.command[0], args: args.command.length - 1 } });
+  return { commandId };
 }
 
 export interface ExecProgress {
   chunks: ExecChunk[];
-  /** Set once the command is over and every chunk up to its end has been read; `truncated`: output was dropped at the cap. */
-  end: { result: ExecResult | null; error: string | null; truncated: boolean } | null;
+  /**
+   * Set once the command is over and every chunk up to its end has been read; `truncated`: output was dropped at
+   * the cap; `refusal`: the API's error code for a failure the caller gets as an error instead of an end (by the
+   * host's code, core/commands/exec.ts execRefusal).
+   */
+  end: { result: ExecResult | null; error: string | null; refusal: ErrorCode | null; truncated: boolean } | null;
 }
 
 /** Chunks after `afterSeq`, in order, and the end once the command finished (or was given up). */
 export async function readExec(sql: Sql, commandId: string, afterSeq: number, now: Date): Promise<ExecProgress> {
-  const cmd = await one<{ state: string; result: unknown; error: string | null; deadline: Date }>(
+  const cmd = await one<{ state: string; result: unknown; error: string | null; errorCode: RefusalCode | null; deadline: Date }>(
     sql,
-    `SELECT state, result, error, deadline FROM host_commands WHERE id = $1`,
+    `SELECT state, result, error, error_code AS "errorCode", deadline FROM host_commands WHERE id = $1`,
     [commandId],
   );
   const chunks = await sql.query<ExecChunk>(`SELECT seq, stream, data FROM exec_output WHERE command_id = $1 AND seq > $2 ORDER BY seq LIMIT 500`, [
@@ -97,12 +95,14 @@ export async function readExec(sql: Sql, commandId: string, afterSeq: number, no
     const r = execResult.safeParse(cmd.result);
     return {
       chunks,
-      end: r.success ? { result: r.data, error: null, truncated } : { result: null, error: "the host reported an exec result that does not parse", truncated },
+      end: r.success
+        ? { result: r.data, error: null, refusal: null, truncated }
+        : { result: null, error: "the host reported an exec result that does not parse", refusal: null, truncated },
     };
   }
   if (cmd.state === "failed" || cmd.state === "expired" || cmd.state === "cancelled")
-    return { chunks, end: { result: null, error: cmd.error ?? `the exec was ${cmd.state}`, truncated } };
-  if (cmd.deadline <= now) return { chunks, end: { result: null, error: "the host did not finish the exec before its deadline", truncated } };
+    return { chunks, end: { result: null, error: cmd.error ?? `the exec was ${cmd.state}`, refusal: execRefusal(cmd.errorCode), truncated } };
+  if (cmd.deadline <= now) return { chunks, end: { result: null, error: "the host did not finish the exec before its deadline", refusal: null, truncated } };
   return { chunks, end: null };
 }
 

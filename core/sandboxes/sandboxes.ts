@@ -4,7 +4,6 @@ import type { Principal } from "../auth/principal.ts";
 import { visibleTo } from "../auth/principal.ts";
 import { handOverSpan, spanOwner } from "../books/spans.ts";
 import { chargeOf } from "../catalog/shapes.ts";
-import { enqueueCommand, POWER_COMMAND_MS } from "../commands/commands.ts";
 import { lockInstance, writeChange } from "../instances/changes.ts";
 import { INSTANCE_COLUMNS, type Instance } from "../instances/model.ts";
 import { one, type Sql } from "../kernel/db.ts";
@@ -12,6 +11,7 @@ import { derivedId } from "../kernel/ids.ts";
 import { idempotencyKey, parseInput } from "../kernel/validation.ts";
 import type { Write } from "../kernel/write.ts";
 import { type AdmissionDeps, admitInstance } from "../lifecycle/admission.ts";
+import { driverFor } from "../pools/registry.ts";
 import { chargeQuota } from "../tenancy/quota.ts";
 import { lockSandbox, SANDBOX_COLUMNS, type Sandbox } from "./model.ts";
 import { restorable } from "./snapshots.ts";
@@ -23,8 +23,8 @@ export { lockSandbox, SANDBOX_COLUMNS, type Sandbox } from "./model.ts";
 /**
  * Sandboxes: one instance each, with a deadline. A create claims a warm instance of the template's current
  * version when one is paused and ready — under FOR UPDATE SKIP LOCKED, so concurrent creates never share one —
- * charges the tenant's quota for it then, and asks it to run: a resume command goes straight to its host (the
- * spec says the same, for a host that misses the command); with
+ * charges the tenant's quota for it then, and asks it to run: its pool's driver resumes it at once (hosted: a
+ * command straight to its host; the spec says the same, for a host that misses the command); with
  * none ready it boots one cold. The sandbox's state is its instance's.
  */
 const createInput = z.object({
@@ -159,16 +159,17 @@ async function insertSandbox(w: Write, s: Omit<Sandbox, "expiresAt" | "createdAt
  * its open stream without waiting for a reconciler.
  */
 async function claimWarm(w: Write, t: SandboxTemplate, who: Principal & { tenantId: string }, sbx: string): Promise<Instance | null> {
-  const ready = `SELECT ${INSTANCE_COLUMNS} FROM instances
+  const ready = `SELECT ${INSTANCE_COLUMNS}, (SELECT p.class FROM pools p WHERE p.id = instances.pool_id) AS "poolClass" FROM instances
       WHERE warm_template_id = $1 AND warm_template_version = $2 AND claimed_at IS NULL AND state = 'paused' AND desired_state = 'paused'
       ORDER BY created_at LIMIT 1`;
   // Skip what others hold, so concurrent claims spread over the pool; if all that is left is held (by another
   // claim, or a host report being applied), wait for one: after that claim commits the row no longer qualifies
   // (PostgreSQL re-checks it) and this create boots cold — a shared instance is impossible either way.
-  const inst =
-    (await one<Instance>(w.sql, `${ready} FOR UPDATE SKIP LOCKED`, [t.id, t.version])) ??
-    (await one<Instance>(w.sql, `${ready} FOR UPDATE`, [t.id, t.version]));
-  if (!inst) return null;
+  const row =
+    (await one<Instance & { poolClass: string }>(w.sql, `${ready} FOR UPDATE SKIP LOCKED`, [t.id, t.version])) ??
+    (await one<Instance & { poolClass: string }>(w.sql, `${ready} FOR UPDATE`, [t.id, t.version]));
+  if (!row) return null;
+  const { poolClass, ...inst } = row;
   const charge = chargeOf(inst);
   const claimed = await writeChange(
     w,
@@ -176,9 +177,10 @@ async function claimWarm(w: Write, t: SandboxTemplate, who: Principal & { tenant
     { desired_state: "running", sandbox_id: sbx, claimed_at: w.now, owner_identity_id: who.identityId, charge, charge_released: false },
     "sandbox:claimed",
   );
-  if (inst.nodeId) {
-    const args = { instanceId: inst.id, generation: claimed.specGeneration };
-    await enqueueCommand(w, { nodeId: inst.nodeId, instanceId: inst.id, kind: "instance.resume", args, timeoutMs: POWER_COMMAND_MS });
+  // A warm pool's class can pause (its template was checked for it), and so resume what it paused.
+  const { power } = driverFor(poolClass);
+  if (inst.nodeId && power) {
+    await power.after(w, claimed, "running");
     // The host's answer wakes it; a reconcile pass before then would find nothing to do and hold the row it waits on.
     w.settle(inst.id);
   }

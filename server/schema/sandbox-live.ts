@@ -50,7 +50,8 @@ async function* execStream(ctx: Context, commandId: string): AsyncGenerator<Exec
       }
       if (p.end) {
         // Thrown mid-stream, so past yoga's error mapping: a GraphQLError carries its code to the client itself.
-        if (p.end.error && /guest agent/i.test(p.end.error)) throw toClientError(new AppError("UNSUPPORTED", p.end.error), ctx.log, ctx.requestId);
+        // A failure the host coded as one the caller gets as an error (a guest that cannot run commands: UNSUPPORTED).
+        if (p.end.refusal) throw toClientError(new AppError(p.end.refusal, p.end.error ?? "the exec was refused"), ctx.log, ctx.requestId);
         const r = p.end.result;
         yield {
           stream: "EXIT",

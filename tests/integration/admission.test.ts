@@ -277,6 +277,24 @@ describe("createInstance from a remembered catalog", () => {
   });
 });
 
+describe("a replay placed step by step", () => {
+  it("gets its instance from a remembered catalog, even once the pool has no address or GPU left", async () => {
+    const t = await h.tenant();
+    const pool = await h.hostedPool({
+      ipv4Range: "10.9.9.0/30",
+      nodes: [{ vcpus: 8, memoryMib: 16384, diskGib: 200, gpus: [{ model: "nvidia-l40s", count: 1 }] }],
+      flavors: [{ name: "gpu", vcpus: 1, memoryMib: 1024, diskGib: 10, gpus: [{ model: "nvidia-l40s", count: 1 }] }],
+    });
+    const input = { poolId: pool.poolId, flavor: "gpu", imageId: pool.imageId, idempotencyKey: "once" };
+    const first = await create(t.client, input);
+    const before = await ledger(h.platform);
+    // The same create again: its catalog is remembered now, and GPUs are placed step by step before the charge.
+    expect(await create(t.client, input)).toEqual(first);
+    expect(await ledger(h.platform)).toEqual(before);
+    expect(await invariantViolations(h.platform)).toEqual([]);
+  });
+});
+
 describe("createInstance refusals change nothing", () => {
   let t: Awaited<ReturnType<Harness["tenant"]>>;
   let pool: Awaited<ReturnType<Harness["hostedPool"]>>;

@@ -173,7 +173,7 @@ describe("host commands", () => {
       )[0];
     const pause = () => t.client.request(bc.PauseInstanceDocument, { id: vm.id });
     const resume = () => t.client.request(bc.StartInstanceDocument, { id: vm.id });
-    // Reported as the agent does, naming the command (settled in the report's one message: power-reports.ts),
+    // Reported as the agent does, naming the command (settled in the report's one message: core/commands/power.ts),
     // and without the name, as an agent of before did (lock, record, then change).
     for (const named of [true, false])
       for (const [ask, kind, state, observed] of [

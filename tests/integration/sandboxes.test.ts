@@ -223,9 +223,15 @@ describe("exec", () => {
       expect(out.at(-1)).toMatchObject({ stream: "EXIT", exitCode: 3, timedOut: false });
       expect(out.filter((o) => o.stream === "EXIT")).toHaveLength(1);
 
-      // A guest the host cannot reach (libvirt: no QEMU guest agent) is a typed refusal, not an exit code.
+      // A guest the host cannot reach (libvirt: no QEMU guest agent; the host's report codes it `unsupported`) is a
+      // typed refusal, not an exit code.
       for (const dir of hosts.dirs)
-        injectFailure(join(dir, "fake-host"), "exec", { error: "domain has no QEMU guest agent: its domain has no agent channel", retryable: false, times: 1 });
+        injectFailure(join(dir, "fake-host"), "exec", {
+          error: "domain has no QEMU guest agent: its domain has no agent channel",
+          retryable: false,
+          code: "unsupported",
+          times: 1,
+        });
       await expect(run({ sandboxId: s.id, command: ["true"] })).rejects.toMatchObject({ code: "UNSUPPORTED" });
       // Only the sandbox's host used its injection: the others' would fail a later test's exec.
       for (const dir of hosts.dirs) clearFailures(join(dir, "fake-host"));

@@ -10,8 +10,7 @@ import type { NetworkPolicy } from "../../contracts/host.ts";
 import { until } from "../support/fixtures.ts";
 
 /**
- * Egress policy enforced by real nftables, in network namespaces of this test's own (the topology of
- * shared/notes/guest-agent-and-nftables.md §2): a "host" namespace with bridge br0 (10.77.0.1/24) whose ports are
+ * Egress policy enforced by real nftables, in network namespaces of this test's own: a "host" namespace with bridge br0 (10.77.0.1/24) whose ports are
  * veths named like taps (bct…) into three "guest" namespaces, and an uplink to an "outside" namespace that holds
  * two addresses (10.99.0.2 and, as a second CIDR, 10.98.0.2). Servers and probes are a small Node script run with
  * `ip netns exec`; every probe has a 1.5 s bound and a round of probes runs in parallel.

@@ -1,7 +1,8 @@
 import { randomBytes } from "node:crypto";
 import { Redis } from "ioredis";
+import type { IdSource } from "../../core/kernel/ids.ts";
 import { parseConfig } from "../../infra/config.ts";
-import { openDatabase } from "../../infra/db/index.ts";
+import { type Database, openDatabase } from "../../infra/db/index.ts";
 import type { Logger } from "../../infra/log.ts";
 import { openPlatform, type Platform } from "../../infra/platform.ts";
 import {
@@ -56,8 +57,16 @@ const rnd = () => randomBytes(6).toString("hex");
  */
 export const testAllowances = { PROVIDER_ENDPOINT_HTTP: "true", PROVIDER_ENDPOINT_ALLOW: "127.0.0.1/32", PROVIDER_SECRET_ENV_PREFIX: "" };
 
+export interface HarnessOptions {
+  now?: () => Date;
+  log?: Logger;
+  ids?: IdSource;
+  /** What the platform is given of its database (tests/support/fast-paths: one whose writes lack Sql.commitBatch). */
+  database?: (db: Database) => Database;
+}
+
 /** A whole platform on a database and Redis prefix of its own, served on an ephemeral port. */
-export async function startHarness(env: Record<string, string> = {}, opts: { now?: () => Date; log?: Logger } = {}): Promise<Harness> {
+export async function startHarness(env: Record<string, string> = {}, opts: HarnessOptions = {}): Promise<Harness> {
   const db = await cloneDatabase();
   const redisPrefix = `bct_${rnd()}`;
   const operatorToken = `op_${randomBytes(24).toString("hex")}`;
@@ -79,7 +88,12 @@ export async function startHarness(env: Record<string, string> = {}, opts: { now
   );
   const { apiConnections: connections, apiStatementTimeoutMs: statementTimeoutMs } = config.limits;
   const database = await openDatabase({ databaseUrl: db.url, poolSize: 20, prisma: true, api: { connections, statementTimeoutMs } });
-  const platform = await openPlatform(config, { db: database, ...(opts.now ? { now: opts.now } : {}), ...(opts.log ? { log: opts.log } : {}) });
+  const platform = await openPlatform(config, {
+    db: opts.database ? opts.database(database) : database,
+    ...(opts.now ? { now: opts.now } : {}),
+    ...(opts.log ? { log: opts.log } : {}),
+    ...(opts.ids ? { ids: opts.ids } : {}),
+  });
   const app = await startServer(platform, { port: 0, host: "127.0.0.1" });
   const client = (token?: string) => createClient({ url: app.url, token });
   const operator = client(operatorToken);

@@ -3,9 +3,9 @@ import { mkdtemp, rm } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterEach, beforeEach, describe, expect, it } from "vitest";
-import { CommandRunner, type CommandRunnerOptions, EXEC_INTERRUPTED } from "../../agent/commands.ts";
+import { ExecOutput } from "../../agent/commands/exec-output.ts";
+import { CommandRunner, type CommandRunnerOptions, EXEC_INTERRUPTED } from "../../agent/commands/index.ts";
 import { Converger } from "../../agent/converge.ts";
-import { ExecOutput } from "../../agent/exec-output.ts";
 import { InstanceLocks } from "../../agent/locks.ts";
 import { createFakeRuntime, type FakeOptions, injectFailure } from "../../agent/runtimes/fake/index.ts";
 import type { Runtime } from "../../agent/runtimes/runtime.ts";
@@ -153,7 +153,9 @@ describe("host commands", () => {
     const { r, sent } = runner(rt);
     await r.receive(late);
     await until("the refusal", () => sent.length > 0);
-    expect(sent).toEqual([{ id: "cmd_late", state: "failed", result: null, error: expect.stringMatching(/not started: .*after its deadline/) }]);
+    expect(sent).toEqual([
+      { id: "cmd_late", state: "failed", result: null, error: expect.stringMatching(/not started: .*after its deadline/), code: "expired" },
+    ]);
     expect(existsSync(join(fakeDir, "snapshots", A, "snap_late"))).toBe(false);
     expect(await stateOf(rt, A)).toBe("running");
   });
@@ -167,9 +169,9 @@ describe("host commands", () => {
     await r.receive({ id: "cmd_odd", kind: "instance.migrate", deadline: new Date().toISOString(), args: {} });
     await until("three final reports", () => finals(sent).length === 3);
     expect(finals(sent)).toEqual([
-      { id: "cmd_unknown", state: "failed", result: null, error: expect.stringContaining("no snapshot snap_never") },
-      { id: "cmd_stopped", state: "failed", result: null, error: expect.stringContaining("no memory to save") },
-      { id: "cmd_odd", state: "failed", result: null, error: expect.stringContaining("malformed command") },
+      { id: "cmd_unknown", state: "failed", result: null, error: expect.stringContaining("no snapshot snap_never"), code: "not-found" },
+      { id: "cmd_stopped", state: "failed", result: null, error: expect.stringContaining("no memory to save"), code: "not-running" },
+      { id: "cmd_odd", state: "failed", result: null, error: expect.stringContaining("malformed command"), code: "invalid" },
     ]);
   });
 
@@ -450,7 +452,7 @@ describe("exec commands", () => {
     const after = runner(rt);
     await after.r.recover();
     await until("the final report to be confirmed", () => journal("cmd_long").confirmed === true);
-    expect(finals(after.sent)).toEqual([{ id: "cmd_long", state: "failed", result: null, error: EXEC_INTERRUPTED, bulk: true }]);
+    expect(finals(after.sent)).toEqual([{ id: "cmd_long", state: "failed", result: null, error: EXEC_INTERRUPTED, code: "internal", bulk: true }]);
     await after.r.receive(long); // delivered again after the restart: answered from the journal
     await until("the report again", () => finals(after.sent).length > 1);
     expect(finals(after.sent)[1]).toEqual(finals(after.sent)[0]);
@@ -468,7 +470,7 @@ describe("exec commands", () => {
     const { r, sent } = runner(rt);
     await r.receive(died);
     await until("the final report", () => finals(sent).length > 0);
-    expect(finals(sent)).toEqual([{ id: "cmd_died", state: "failed", result: null, error: EXEC_INTERRUPTED, bulk: true }]);
+    expect(finals(sent)).toEqual([{ id: "cmd_died", state: "failed", result: null, error: EXEC_INTERRUPTED, code: "internal", bulk: true }]);
     expect(existsSync(join(scratch(A), "runs"))).toBe(false);
   });
 
@@ -530,7 +532,7 @@ describe("exec commands", () => {
     await r.receive(exec("cmd_slow", A, ["sleep", "30"], { timeoutMs: 200 }));
     await until("two final reports", () => finals(sent).length === 2);
     expect(finals(sent)).toEqual([
-      { id: "cmd_paused", state: "failed", result: null, error: expect.stringContaining("exec needs it running"), bulk: true },
+      { id: "cmd_paused", state: "failed", result: null, error: expect.stringContaining("exec needs it running"), code: "not-running", bulk: true },
       { id: "cmd_slow", state: "succeeded", result: { exitCode: null, signal: "SIGKILL", timedOut: true }, error: null, bulk: true },
     ]);
   });

@@ -1,5 +1,5 @@
 import { describe, expect, it } from "vitest";
-import { ExecOutput } from "../../agent/exec-output.ts";
+import { ExecOutput } from "../../agent/commands/exec-output.ts";
 import type { ExecChunk } from "../../contracts/host.ts";
 
 /** The agent stops sending an exec's output at the cap its command names (the server would drop the rest). */

@@ -33,10 +33,10 @@ export class GuestProcesses {
     const program = req.command[0] as string;
     // What no process can be given: refused as a bad request, the same on any host.
     const bad = Object.keys(env).find((k) => k === "" || k.includes("=") || k.includes("\0") || env[k]?.includes("\0"));
-    if (bad !== undefined) return Promise.reject(new RuntimeError(`exec: environment variable '${bad}' cannot be passed to a process`, false));
-    if (req.command.some((a) => a.includes("\0"))) return Promise.reject(new RuntimeError("exec: an argument holds a NUL byte", false));
+    if (bad !== undefined) return Promise.reject(new RuntimeError(`exec: environment variable '${bad}' cannot be passed to a process`, false, "invalid"));
+    if (req.command.some((a) => a.includes("\0"))) return Promise.reject(new RuntimeError("exec: an argument holds a NUL byte", false, "invalid"));
     const bwrap = this.bwrap ?? findBwrap();
-    if (bwrap === null) return Promise.reject(new RuntimeError(`${id}: ${NO_BWRAP}`, false));
+    if (bwrap === null) return Promise.reject(new RuntimeError(`${id}: ${NO_BWRAP}`, false, "unsupported"));
     const child = this.spawner.spawn(bwrap, confinedArgs(realpathSync(cwd), env, req.command), req.stdin);
     return new Promise<ExecResult>((resolve, reject) => {
       let timedOut = false;
@@ -59,7 +59,7 @@ export class GuestProcesses {
         else resolve(result);
       };
       child.on("error", (code, message) => {
-        if (code === "ENOENT" || code === "EACCES") return finish(new RuntimeError(`${id}: ${NO_BWRAP}`, false));
+        if (code === "ENOENT" || code === "EACCES") return finish(new RuntimeError(`${id}: ${NO_BWRAP}`, false, "unsupported"));
         finish(new RuntimeError(`exec ${program}: ${message}`, true));
       });
       child.on("spawn", () => {
@@ -87,7 +87,13 @@ export class GuestProcesses {
         if (timedOut) return finish({ exitCode: null, signal: "SIGKILL", timedOut: true });
         // Never started, and not for a kill of ours: bubblewrap could not confine it on this machine.
         if (!status && signal === null)
-          return finish(new RuntimeError(`${id}: this fake host's guest agent could not confine the command: ${held.trim() || `bwrap exited ${code}`}`, false));
+          return finish(
+            new RuntimeError(
+              `${id}: this fake host's guest agent could not confine the command: ${held.trim() || `bwrap exited ${code}`}`,
+              false,
+              "unsupported",
+            ),
+          );
         // The wrapper's exec failed: its shell's words are not the guest's.
         const failed = /^s(\d+)$/.exec(status ?? "");
         if (failed) {

@@ -65,7 +65,7 @@ export function createFakeRuntime(opts: FakeOptions): Runtime {
      */
     scratch: (id: string) => join(dir, "scratch", id),
     snapshot: (id: string, snapshotId: string) => {
-      if (!safeId.test(snapshotId)) throw new RuntimeError(`invalid snapshot name '${snapshotId}'`, false);
+      if (!safeId.test(snapshotId)) throw new RuntimeError(`invalid snapshot name '${snapshotId}'`, false, "invalid");
       return join(dir, "snapshots", id, snapshotId);
     },
   };
@@ -95,7 +95,7 @@ export function createFakeRuntime(opts: FakeOptions): Runtime {
 
   // A snapshot spends its delay inside, while the domain is saved, as a real save spends its time.
   async function op<T>(name: FakeOp, id: string, fn: () => Promise<T>): Promise<T> {
-    if (!safeId.test(id)) throw new RuntimeError(`invalid domain name '${id}'`, false);
+    if (!safeId.test(id)) throw new RuntimeError(`invalid domain name '${id}'`, false, "invalid");
     return serial(id, async () => {
       if (name !== "snapshot") await delay(name);
       consumeInjected(dir, name);
@@ -107,7 +107,7 @@ export function createFakeRuntime(opts: FakeOptions): Runtime {
     try {
       return JSON.parse(await readFile(paths.domain(id), "utf8"));
     } catch (err) {
-      if (isMissing(err)) throw new RuntimeError(`Domain not found: no domain with matching name '${id}'`, false);
+      if (isMissing(err)) throw new RuntimeError(`Domain not found: no domain with matching name '${id}'`, false, "not-found");
       throw err;
     }
   }
@@ -166,12 +166,12 @@ export function createFakeRuntime(opts: FakeOptions): Runtime {
    */
   async function createFromSnapshot(spec: InstanceSpec, from: { instanceId: string; snapshotId: string }): Promise<void> {
     const { instanceId: source, snapshotId } = from;
-    if (!safeId.test(source) || source === spec.id) throw new RuntimeError(`cannot make '${spec.id}' from domain '${source}'`, false);
+    if (!safeId.test(source) || source === spec.id) throw new RuntimeError(`cannot make '${spec.id}' from domain '${source}'`, false, "invalid");
     const final = paths.snapshot(source, snapshotId);
     const unknown = () =>
       existsSync(paths.domain(source))
-        ? new RuntimeError(`no snapshot ${snapshotId} of domain '${source}'`, false)
-        : new RuntimeError(`Domain not found: no domain with matching name '${source}'`, false);
+        ? new RuntimeError(`no snapshot ${snapshotId} of domain '${source}'`, false, "not-found")
+        : new RuntimeError(`Domain not found: no domain with matching name '${source}'`, false, "not-found");
     let saved: DomainRecord;
     try {
       saved = JSON.parse(await readFile(join(final, "domain.json"), "utf8"));
@@ -205,7 +205,8 @@ export function createFakeRuntime(opts: FakeOptions): Runtime {
         if (saved.saving && move === "start") return;
         const { to, from } = moves[move];
         if (d.state === to) return;
-        if (!from.includes(d.state)) throw new RuntimeError(`Requested operation is not valid: domain '${id}' is ${d.state}, cannot ${move}`, false);
+        if (!from.includes(d.state))
+          throw new RuntimeError(`Requested operation is not valid: domain '${id}' is ${d.state}, cannot ${move}`, false, "not-running");
         await save({ ...d, state: to });
         // Its execs go with the guest: frozen while it is paused, gone when it is off.
         const signal = { stop: "SIGKILL", pause: "SIGSTOP", resume: "SIGCONT", start: null } as const;
@@ -242,7 +243,7 @@ export function createFakeRuntime(opts: FakeOptions): Runtime {
         if (existsSync(paths.domain(spec.id))) return;
         if (spec.fromSnapshot) return createFromSnapshot(spec, spec.fromSnapshot);
         const { url, sha256 } = spec.image;
-        if (!sha256Hex.test(sha256)) throw new RuntimeError(`image ${url}: '${sha256}' is not a sha256 digest`, false);
+        if (!sha256Hex.test(sha256)) throw new RuntimeError(`image ${url}: '${sha256}' is not a sha256 digest`, false, "invalid");
         // The "download": one base per digest, shared by every overlay on it and never fetched twice.
         if (!existsSync(paths.image(sha256))) {
           await writeAtomic(paths.image(sha256), `${JSON.stringify({ url, sha256, format: spec.image.format, fetchedAt: new Date().toISOString() })}\n`);
@@ -271,11 +272,12 @@ export function createFakeRuntime(opts: FakeOptions): Runtime {
     resize: (id, shape) =>
       op("resize", id, async () => {
         const d = await settle(await load(id), false);
-        if (d.state !== "stopped") throw new RuntimeError(`Requested operation is not valid: domain '${id}' is ${d.state}, resize needs it stopped`, false);
+        if (d.state !== "stopped")
+          throw new RuntimeError(`Requested operation is not valid: domain '${id}' is ${d.state}, resize needs it stopped`, false, "not-running");
         for (const k of ["vcpus", "memoryMib", "diskGib"] as const) {
-          if (!Number.isInteger(shape[k]) || shape[k] <= 0) throw new RuntimeError(`invalid ${k}: ${shape[k]}`, false);
+          if (!Number.isInteger(shape[k]) || shape[k] <= 0) throw new RuntimeError(`invalid ${k}: ${shape[k]}`, false, "invalid");
         }
-        if (shape.diskGib < d.shape.diskGib) throw new RuntimeError(`disk cannot shrink: ${d.shape.diskGib} GiB to ${shape.diskGib} GiB`, false);
+        if (shape.diskGib < d.shape.diskGib) throw new RuntimeError(`disk cannot shrink: ${d.shape.diskGib} GiB to ${shape.diskGib} GiB`, false, "invalid");
         if (shape.diskGib > d.shape.diskGib) await writeAtomic(paths.overlay(id), overlay(d.image.sha256, shape.diskGib));
         await save({ ...d, shape: { vcpus: shape.vcpus, memoryMib: shape.memoryMib, diskGib: shape.diskGib } });
       }),
@@ -299,7 +301,7 @@ export function createFakeRuntime(opts: FakeOptions): Runtime {
         const d = await settle(await load(id), true);
         if (existsSync(final)) return { sizeBytes: await bytesIn(final) };
         if (d.state !== "running" && d.state !== "paused")
-          throw new RuntimeError(`Requested operation is not valid: domain '${id}' is not running: no memory to save`, false);
+          throw new RuntimeError(`Requested operation is not valid: domain '${id}' is not running: no memory to save`, false, "not-running");
         // Off while saved, as under libvirt: a status read meanwhile sees it stopped.
         const saving: DomainRecord = { ...d, state: "stopped", saving: { snapshotId, power: d.state } };
         // Its execs hold still while it is saved, so the saved files are of one moment.
@@ -318,7 +320,7 @@ export function createFakeRuntime(opts: FakeOptions): Runtime {
       op("restore", id, async () => {
         const final = paths.snapshot(id, snapshotId);
         const { saving: _, ...d } = await load(id);
-        if (!existsSync(final)) throw new RuntimeError(`no snapshot ${snapshotId} of domain '${id}'`, false);
+        if (!existsSync(final)) throw new RuntimeError(`no snapshot ${snapshotId} of domain '${id}'`, false, "not-found");
         const saved = JSON.parse(await readFile(join(final, "domain.json"), "utf8")) as DomainRecord;
         // Its memory is replaced: whatever its execs were doing is gone.
         guests.signal(id, "SIGKILL");
@@ -327,7 +329,7 @@ export function createFakeRuntime(opts: FakeOptions): Runtime {
       }),
 
     exec: async (id, req, onOutput) => {
-      if (!safeId.test(id)) throw new RuntimeError(`invalid domain name '${id}'`, false);
+      if (!safeId.test(id)) throw new RuntimeError(`invalid domain name '${id}'`, false, "invalid");
       // Outside the domain's queue: a slow guest agent holds up no power operation.
       await delay("exec");
       // Checked and started inside it, so a stop queued behind it finds the process to kill; the command then
@@ -335,7 +337,8 @@ export function createFakeRuntime(opts: FakeOptions): Runtime {
       const started = await serial(id, async () => {
         consumeInjected(dir, "exec");
         const d = await load(id);
-        if (d.state !== "running") throw new RuntimeError(`Requested operation is not valid: domain '${id}' is ${d.state}, exec needs it running`, false);
+        if (d.state !== "running")
+          throw new RuntimeError(`Requested operation is not valid: domain '${id}' is ${d.state}, exec needs it running`, false, "not-running");
         await mkdir(paths.scratch(id), { recursive: true, mode: PRIVATE_DIR });
         // Only what the guest would have: none of the agent's own environment leaks into a sandbox's command.
         const env = { PATH: GUEST_PATH, ...d.env, ...req.env };

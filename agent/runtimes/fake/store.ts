@@ -1,6 +1,7 @@
 import { mkdirSync, readFileSync, renameSync, rmSync, writeFileSync } from "node:fs";
 import { rename, writeFile } from "node:fs/promises";
 import { join } from "node:path";
+import type { RefusalCode } from "../../../contracts/commands.ts";
 import type { NetworkPolicy } from "../../../contracts/host.ts";
 import { PRIVATE_FILE } from "../files.ts";
 import { type DomainStatus, RuntimeError } from "../runtime.ts";
@@ -14,6 +15,8 @@ export type FakeOp = (typeof fakeOps)[number];
 export interface InjectedFailure {
   error: string;
   retryable: boolean;
+  /** What the host's report says of it (contracts/commands.ts, refusalCodes); `internal` unless given. */
+  code?: RefusalCode;
   times?: number;
 }
 
@@ -120,5 +123,5 @@ export function consumeInjected(dir: string, op: FakeOp): void {
     else delete all[op];
     writeInjections(dir, all);
   }
-  throw new RuntimeError(failure.error, failure.retryable);
+  throw new RuntimeError(failure.error, failure.retryable, failure.code);
 }

@@ -32,7 +32,7 @@ export async function createFromSnapshot(c: DomainContext, spec: InstanceSpec, f
   const { final } = snapshotPaths(c.instanceDir(from.instanceId), from.snapshotId);
   const memory = join(final, "memory.save");
   if (!existsSync(memory) || !existsSync(join(final, "disk.qcow2"))) {
-    throw new RuntimeError(`no snapshot ${from.snapshotId} of ${from.instanceId} on this host`, false);
+    throw new RuntimeError(`no snapshot ${from.snapshotId} of ${from.instanceId} on this host`, false, "not-found");
   }
   const image = join(dir, "clone.save.tmp");
   let xml: string;
@@ -93,7 +93,8 @@ async function copyDisk(c: DomainContext, spec: InstanceSpec, disk: string): Pro
   await copyFile(disk, tmp, constants.COPYFILE_FICLONE);
   try {
     const size = (await refuseForeignDisk(c, spec.id, tmp))["virtual-size"];
-    if (spec.diskGib * 2 ** 30 < size) throw new RuntimeError(`the snapshot's disk is ${size / 2 ** 30} GiB; ${spec.id} asks for ${spec.diskGib} GiB`, false);
+    if (spec.diskGib * 2 ** 30 < size)
+      throw new RuntimeError(`the snapshot's disk is ${size / 2 ** 30} GiB; ${spec.id} asks for ${spec.diskGib} GiB`, false, "invalid");
     // The guest sees the larger disk once it rescans it (its saved state knew the old size).
     if (spec.diskGib * 2 ** 30 > size) await run("qemu-img", ["resize", "-q", tmp, `${spec.diskGib}G`]);
     await rename(tmp, overlay);

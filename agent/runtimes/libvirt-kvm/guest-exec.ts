@@ -9,7 +9,7 @@ import { LibvirtCallError } from "./rpc.ts";
  *
  * The output does not come back through guest-exec's capture-output: qemu-ga returns it only once the process
  * has exited, libvirt drops a reply over ~4 MiB (the result is lost) and a reply over 10 MiB kills libvirt's
- * agent connection for that domain until it restarts (docs: shared/notes/guest-agent-and-nftables.md). So the
+ * agent connection for that domain until it restarts (measured with libvirt 9.0 and qemu-ga 7.2). So the
  * command writes into two guest files that this side opened first (guest-file-open) and reads from as it runs
  * (guest-file-read, 1 MiB at a time): output streams in order per stream, with no size limit. /bin/sh in the
  * guest points the command's stdout and stderr at the files, unlinks them (the open handles keep them readable,
@@ -72,7 +72,8 @@ export async function guestExec(
   onOutput: (stream: "stdout" | "stderr", data: string) => void,
 ): Promise<ExecResult> {
   const env = { ...BASE_ENV, ...o.env, ...req.env };
-  for (const k of Object.keys(env)) if (!/^[^=\0]+$/.test(k)) throw new RuntimeError(`exec: environment name ${JSON.stringify(k)} is not valid`, false);
+  for (const k of Object.keys(env))
+    if (!/^[^=\0]+$/.test(k)) throw new RuntimeError(`exec: environment name ${JSON.stringify(k)} is not valid`, false, "invalid");
   const tag = randomBytes(8).toString("hex");
   const paths = { stdout: `/tmp/.bc-exec-${tag}.out`, stderr: `/tmp/.bc-exec-${tag}.err` };
   const execArgs: Record<string, unknown> = {
@@ -82,7 +83,7 @@ export async function guestExec(
     "capture-output": false,
   };
   if (req.stdin !== null) execArgs["input-data"] = Buffer.from(req.stdin, "utf8").toString("base64");
-  if (JSON.stringify(execArgs).length > REQUEST_MAX) throw new RuntimeError("exec: command, env and stdin together are over 3 MiB", false);
+  if (JSON.stringify(execArgs).length > REQUEST_MAX) throw new RuntimeError("exec: command, env and stdin together are over 3 MiB", false, "invalid");
 
   const out = await openWhenReady(id, agent, paths.stdout, o);
   const handles = { stdout: out, stderr: out };
@@ -129,7 +130,7 @@ export async function guestExec(
         if (!unreachable(e)) throw e;
         unreachableSince ||= Date.now();
         if (Date.now() - unreachableSince > UNREACHABLE_MS)
-          throw new RuntimeError(`${id}: its guest agent was gone for ${UNREACHABLE_MS / 1000} s during exec (${(e as Error).message})`, true);
+          throw new RuntimeError(`${id}: its guest agent was gone for ${UNREACHABLE_MS / 1000} s during exec (${(e as Error).message})`, true, "unsupported");
         await sleep(200);
         continue;
       }
@@ -175,8 +176,8 @@ async function openWhenReady(id: string, agent: AgentCall, path: string, o: Gues
       return (await agent({ execute: "guest-file-open", arguments: { path, mode: "w+" } })) as number;
     } catch (e) {
       const message = e instanceof Error ? e.message : String(e);
-      if (e instanceof LibvirtCallError && e.code === VIR_ERR_NO_DOMAIN) throw new RuntimeError(`no domain ${id} on this host`, true);
-      if (/not configured/i.test(message)) throw new RuntimeError(`${id} has no QEMU guest agent: its domain has no agent channel`, false);
+      if (e instanceof LibvirtCallError && e.code === VIR_ERR_NO_DOMAIN) throw new RuntimeError(`no domain ${id} on this host`, true, "not-found");
+      if (/not configured/i.test(message)) throw new RuntimeError(`${id} has no QEMU guest agent: its domain has no agent channel`, false, "unsupported");
       if (!/not connected|not available|not responding|not running/i.test(message) || !(e instanceof LibvirtCallError)) throw asRuntimeError(e);
       if (/not running/i.test(message) || Date.now() >= end) {
         const why = await o.notRunning();
@@ -186,6 +187,7 @@ async function openWhenReady(id: string, agent: AgentCall, path: string, o: Gues
         throw new RuntimeError(
           `${id} has no QEMU guest agent connected after ${Math.round(waitMs / 1000)} s (${message}): the guest must run qemu-guest-agent on the virtio port org.qemu.guest_agent.0`,
           false,
+          "unsupported",
         );
       await sleep(pause);
       pause = Math.min(pause * 2, 500);
@@ -201,7 +203,8 @@ async function kill(agent: AgentCall, pid: number): Promise<void> {
   }).catch(() => {});
 }
 
+/** What the guest agent's channel refused, as the host reports it: this guest cannot run commands (`unsupported`). */
 export function asRuntimeError(e: unknown): RuntimeError {
   if (e instanceof RuntimeError) return e;
-  return new RuntimeError(`guest agent: ${e instanceof Error ? e.message : String(e)}`, !(e instanceof LibvirtCallError));
+  return new RuntimeError(`guest agent: ${e instanceof Error ? e.message : String(e)}`, !(e instanceof LibvirtCallError), "unsupported");
 }

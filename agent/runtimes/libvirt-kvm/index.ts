@@ -114,7 +114,7 @@ class LibvirtRuntime implements Runtime, LibvirtRuntimeExtras {
   }
 
   private dir(id: string): string {
-    if (!isInstance(id)) throw new RuntimeError(`not an instance id: ${id}`, false);
+    if (!isInstance(id)) throw new RuntimeError(`not an instance id: ${id}`, false, "invalid");
     return join(this.o.stateDir, "instances", id);
   }
   consolePath = (id: string) => join(this.dir(id), "console.log");
@@ -161,7 +161,7 @@ class LibvirtRuntime implements Runtime, LibvirtRuntimeExtras {
       return;
     }
     if (await this.lookup(spec.id)) return keepEnv(dir, spec.env);
-    if (spec.image.format === "iso") throw new RuntimeError("installing from an ISO image is not supported by libvirt-kvm yet", false);
+    if (spec.image.format === "iso") throw new RuntimeError("installing from an ISO image is not supported by libvirt-kvm yet", false, "unsupported");
     // No base larger than the instance's own disk: a tenant's URL must not fill the host.
     const base = await this.images.get(spec.image, spec.diskGib * 2 ** 30);
     await mkdir(dir, { recursive: true });
@@ -240,7 +240,7 @@ class LibvirtRuntime implements Runtime, LibvirtRuntimeExtras {
   async resize(id: string, shape: DomainStatus["shape"]): Promise<void> {
     const d = await this.must(id);
     await this.settle(id, d, false);
-    if ((await this.power(d)) !== "stopped") throw new RuntimeError(`resize needs ${id} stopped`, false);
+    if ((await this.power(d)) !== "stopped") throw new RuntimeError(`resize needs ${id} stopped`, false, "not-running");
     const xml = (await this.libvirt(() => this.hv.domainGetXMLDesc(d, 2))) // 2: the inactive (persistent) definition
       .replace(/<memory[^>]*>\d+<\/memory>/, `<memory unit='MiB'>${shape.memoryMib}</memory>`)
       .replace(/<currentMemory[^>]*>\d+<\/currentMemory>/, `<currentMemory unit='MiB'>${shape.memoryMib}</currentMemory>`)
@@ -290,13 +290,13 @@ class LibvirtRuntime implements Runtime, LibvirtRuntimeExtras {
     const env = await envOf(this.dir(id));
     const agent = async (command: object) => {
       const reply = JSON.parse(await rpc.agentCommand(id, JSON.stringify(command), 10)) as { return?: unknown; error?: { desc?: string } };
-      if (reply.error) throw new RuntimeError(`guest agent: ${reply.error.desc ?? JSON.stringify(reply.error)}`, false);
+      if (reply.error) throw new RuntimeError(`guest agent: ${reply.error.desc ?? JSON.stringify(reply.error)}`, false, "unsupported");
       return reply.return;
     };
     try {
       const notRunning = async () => {
         const power = await this.power(await this.must(id));
-        return power === "running" ? null : new RuntimeError(`${id} is ${power}: exec needs it running`, false);
+        return power === "running" ? null : new RuntimeError(`${id} is ${power}: exec needs it running`, false, "not-running");
       };
       return await guestExec(id, agent, req, { env, agentWaitMs: this.o.agentWaitMs ?? 15_000, notRunning }, onOutput);
     } catch (e) {
@@ -346,7 +346,7 @@ class LibvirtRuntime implements Runtime, LibvirtRuntimeExtras {
 
   private async must(id: string): Promise<Dom> {
     const d = await this.lookup(id);
-    if (!d) throw new RuntimeError(`no domain ${id} on this host`, true);
+    if (!d) throw new RuntimeError(`no domain ${id} on this host`, true, "not-found");
     return d;
   }
 

@@ -19,7 +19,7 @@ export async function takeSnapshot(c: DomainContext, id: string, snapshotId: str
   await settle(c, id, d, true);
   if (existsSync(final)) return { sizeBytes: await bytesIn(final) };
   const power = await c.power(d);
-  if (power !== "running" && power !== "paused") throw new RuntimeError(`${id} is not running: no memory to save`, false);
+  if (power !== "running" && power !== "paused") throw new RuntimeError(`${id} is not running: no memory to save`, false, "not-running");
   await rm(partial, { recursive: true, force: true });
   await mkdir(partial, { recursive: true });
   await markSaving(c.instanceDir(id), { snapshotId, power });
@@ -42,7 +42,7 @@ export async function takeSnapshot(c: DomainContext, id: string, snapshotId: str
 export async function revert(c: DomainContext, id: string, snapshotId: string): Promise<void> {
   const d = await c.must(id);
   const { final } = snapshotPaths(c.instanceDir(id), snapshotId);
-  if (!existsSync(final)) throw new RuntimeError(`no snapshot ${snapshotId} of ${id} on this host`, false);
+  if (!existsSync(final)) throw new RuntimeError(`no snapshot ${snapshotId} of ${id} on this host`, false, "not-found");
   const power = await savedPower(final);
   const overlay = c.overlayPath(id);
   const tmp = `${overlay}.restore.tmp`;

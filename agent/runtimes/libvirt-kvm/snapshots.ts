@@ -17,7 +17,7 @@ export interface Saving {
 }
 
 export function snapshotPaths(instanceDir: string, snapshotId: string) {
-  if (!/^[A-Za-z0-9][A-Za-z0-9_-]*$/.test(snapshotId)) throw new RuntimeError(`not a snapshot id: ${snapshotId}`, false);
+  if (!/^[A-Za-z0-9][A-Za-z0-9_-]*$/.test(snapshotId)) throw new RuntimeError(`not a snapshot id: ${snapshotId}`, false, "invalid");
   const final = join(instanceDir, "snapshots", snapshotId);
   return { final, partial: `${final}.partial` };
 }

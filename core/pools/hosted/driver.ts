@@ -1,6 +1,9 @@
 import { AppError, invalid, notFound } from "../../../contracts/errors.ts";
 import { closeSpan, openSpan, spanOwner } from "../../books/spans.ts";
 import type { Shape } from "../../catalog/shapes.ts";
+import { queueExec } from "../../commands/exec.ts";
+import { powerInStatement, powerKind, queuePowerAfterChange, queuePowerWithChange } from "../../commands/power.ts";
+import { queueSnapshot } from "../../commands/snapshot.ts";
 import { stepsWithoutHost } from "../../instances/decide.ts";
 import type { Instance } from "../../instances/model.ts";
 import { one } from "../../kernel/db.ts";
@@ -21,7 +24,7 @@ import { reconcileHosted, releaseHosted } from "./reconcile.ts";
 export const hostedDriver: PoolDriver = {
   poolClass: "vps-host",
   label: "hosted pools",
-  capabilities: new Set(["hosts", "pause", "resize", "snapshot"]),
+  capabilities: new Set(["hosts", "pause", "resize", "snapshot", "exec"]),
 
   async prepare(_sql, input, deps) {
     if (!input.ipv4Range) throw invalid("a vps-host pool needs an ipv4Range", { path: "input.ipv4Range" });
@@ -86,7 +89,7 @@ export const hostedDriver: PoolDriver = {
     const runtime = deps.runtimes[0] ?? null;
     // The common case (no GPUs, any node; and not a retry, which takes the step-by-step way below): admission's
     // last statement takes the address and the node.
-    if (!req.shape.gpus.length && !req.onlyNodeId && w.attempt === 1) {
+    if (!req.shape.gpus.length && !req.onlyNodeId && w.attempt === 1 && !deps.placeStepByStep) {
       return {
         nodeId: null,
         allocationId: null,
@@ -128,6 +131,16 @@ export const hostedDriver: PoolDriver = {
     return { allocation_id: placed.allocationId };
   },
 
+  // What the instance's host does on request: host commands (core/commands/), queued for the node it runs on.
+  power: {
+    withChange: (w, inst, to) => queuePowerWithChange(w, onNode(inst), powerKind(to)),
+    after: (w, changed, to) => queuePowerAfterChange(w, onNode(changed), powerKind(to)),
+    inStatement: (w, instanceId, to, from) => powerInStatement(w, instanceId, powerKind(to), from),
+  },
+  snapshot: (w, inst, snapshotId, timeoutMs) => queueSnapshot(w, onNode(inst), "instance.snapshot", snapshotId, timeoutMs),
+  restore: (w, inst, snapshotId, timeoutMs) => queueSnapshot(w, onNode(inst), "instance.restore", snapshotId, timeoutMs),
+  exec: (w, inst, args) => queueExec(w, onNode(inst), args),
+
   release: (w: Write, inst: Instance) => releaseHosted(w, inst),
 
   reconcile: (w, inst, pool, deps) => reconcileHosted(w, inst, pool, deps.maxRecreateAttempts),
@@ -136,6 +149,12 @@ export const hostedDriver: PoolDriver = {
 
   doctor: hostedChecks,
 };
+
+/** The instance with the node it runs on: a host command needs one (callers check it runs). */
+function onNode<I extends { id: string; nodeId: string | null }>(inst: I): I & { nodeId: string } {
+  if (!inst.nodeId) throw new AppError("PRECONDITION_FAILED", `instance ${inst.id} is on no host`);
+  return inst as I & { nodeId: string };
+}
 
 /** The address, then the node (only once the address is held), as CTEs of admission's last statement. */
 function deferredHold(w: Write, req: AdmitRequest, placeReq: PlaceRequest): DeferredHold {

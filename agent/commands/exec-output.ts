@@ -1,4 +1,4 @@
-import type { ExecChunk } from "../contracts/host.ts";
+import type { ExecChunk } from "../../contracts/host.ts";
 
 export interface ExecOutputOptions {
   /** One delivery attempt of a batch, bounded in time; resolving means the server has it. */

@@ -1,8 +1,9 @@
 import { mkdir, readdir, readFile, rename, rm, writeFile } from "node:fs/promises";
 import { join } from "node:path";
-import type { CommandReport, HostCommand } from "../contracts/host.ts";
-import { PRIVATE_DIR, PRIVATE_FILE } from "./runtimes/files.ts";
-import type { DomainStatus } from "./runtimes/runtime.ts";
+import type { RefusalCode } from "../../contracts/commands.ts";
+import type { CommandReport, HostCommand } from "../../contracts/host.ts";
+import { PRIVATE_DIR, PRIVATE_FILE } from "../runtimes/files.ts";
+import type { DomainStatus } from "../runtimes/runtime.ts";
 
 /** What the host remembers of a command, so a command delivered again (after any restart) runs once. */
 export interface CommandJournal {
@@ -10,6 +11,8 @@ export interface CommandJournal {
   state: CommandReport["state"];
   result: Record<string, unknown> | null;
   error: string | null;
+  /** failed: why, in the protocol's vocabulary (absent from journals written before codes). */
+  code?: RefusalCode;
   /** The server has the final report. */
   confirmed: boolean;
   startedAt: string;

@@ -1,0 +1,2 @@
+-- AlterTable
+ALTER TABLE "host_commands" ADD COLUMN     "error_code" TEXT;
