@@ -1,3 +1,4 @@
+import { type Fragment, SQL } from "../kernel/sql.ts";
 import type { Write } from "../kernel/write.ts";
 
 /**
@@ -15,43 +16,52 @@ export interface SpanOwner {
   warm: boolean;
 }
 
+/** What a span's INSERT binds (spanValues), each once however often the statement reads it. */
+export interface SpanValues {
+  id: Fragment;
+  allocationId: Fragment;
+  instanceId: Fragment;
+  tenantId: Fragment;
+  projectId: Fragment;
+  warm: Fragment;
+  at: Fragment;
+}
+
 /**
  * The INSERT that opens the span of an allocation just taken; its shape (and GPUs) are the allocation's.
- * `p(k)` names the statement's placeholder for the k-th of spanParams' values; `source` (alias `a`: id, vcpus,
- * memory_mib) and `where` may say otherwise where the allocation comes from (admission's statement reads it
- * from the row it inserts, and joins its new instance, so no instance means no span). `noGpus`: the caller
- * knows the allocation holds none (admission's common path), and the statement does without the lookup.
+ * `source` (alias `a`: id, vcpus, memory_mib) and `where` may say otherwise where the allocation comes from
+ * (admission's statement reads it from the row it inserts, and joins its new instance, so no instance means no
+ * span). `noGpus`: the caller knows the allocation holds none (admission's common path), and the statement does
+ * without the lookup.
  */
 export const openSpanSql = (
-  p: (k: number) => string,
-  source = "allocations a",
-  where = `a.id = ${p(1)}`,
+  v: SpanValues,
+  source = SQL`allocations a`,
+  where = SQL`a.id = ${v.allocationId}`,
   noGpus = false,
-) => `INSERT INTO meter_spans (id, allocation_id, instance_id, tenant_id, project_id, warm, vcpus, memory_mib, gpus, started_at, metered_until)
-     SELECT ${p(0)}, a.id, ${p(2)}, ${p(3)}, ${p(4)}, ${p(5)}, a.vcpus, a.memory_mib,
-            ${noGpus ? "'[]'::jsonb" : GPUS_OF_A},
-            ${p(6)}::timestamptz, ${p(6)}::timestamptz
+) => SQL`INSERT INTO meter_spans (id, allocation_id, instance_id, tenant_id, project_id, warm, vcpus, memory_mib, gpus, started_at, metered_until)
+     SELECT ${v.id}, a.id, ${v.instanceId}, ${v.tenantId}, ${v.projectId}, ${v.warm}, a.vcpus, a.memory_mib,
+            ${noGpus ? SQL`'[]'::jsonb` : GPUS_OF_A},
+            ${v.at}::timestamptz, ${v.at}::timestamptz
        FROM ${source} WHERE ${where}`;
 
 /** The GPUs allocation `a` holds, by model, as a span records them. */
-const GPUS_OF_A = `COALESCE((SELECT jsonb_agg(jsonb_build_object('model', g.model, 'count', g.n) ORDER BY g.model)
+const GPUS_OF_A = SQL`COALESCE((SELECT jsonb_agg(jsonb_build_object('model', g.model, 'count', g.n) ORDER BY g.model)
                         FROM (SELECT model, count(*)::int AS n FROM node_gpus WHERE allocation_id = a.id GROUP BY model) g), '[]'::jsonb)`;
 
-export const spanParams = (w: Write, allocationId: string, owner: SpanOwner) => [
-  w.ids("mspan"),
-  allocationId,
-  owner.instanceId,
-  owner.tenantId,
-  owner.projectId,
-  owner.warm,
-  w.now,
-];
+/** What a span's INSERT binds: each value only where the statement reads it (PostgreSQL refuses a parameter it cannot type). */
+export const spanValues = (w: Write, allocationId: string, owner: SpanOwner): SpanValues => ({
+  id: SQL.param(w.ids("mspan")),
+  allocationId: SQL.param(allocationId),
+  instanceId: SQL.param(owner.instanceId),
+  tenantId: SQL.param(owner.tenantId),
+  projectId: SQL.param(owner.projectId),
+  warm: SQL.param(owner.warm),
+  at: SQL.param(w.now),
+});
 
 export async function openSpan(w: Write, allocationId: string, owner: SpanOwner): Promise<void> {
-  await w.sql.query(
-    openSpanSql((k) => `$${k + 1}`),
-    spanParams(w, allocationId, owner),
-  );
+  await w.sql.query(openSpanSql(spanValues(w, allocationId, owner)));
 }
 
 /** Close the open span of an allocation about to be given back (or handed to another owner). */
@@ -65,11 +75,10 @@ export async function closeSpan(w: Write, allocationId: string): Promise<void> {
  * statement, the close first (the new span's insert waits on it), at the same instant as closeSpan and openSpan.
  */
 export async function handOverSpan(w: Write, allocationId: string, owner: SpanOwner): Promise<void> {
-  const p = (k: number) => `$${k + 1}`;
+  const v = spanValues(w, allocationId, owner);
   await w.sql.query(
-    `WITH closed AS (UPDATE meter_spans SET ended_at = GREATEST(${p(6)}::timestamptz, metered_until) WHERE allocation_id = ${p(1)} AND ended_at IS NULL RETURNING 1)
-     ${openSpanSql(p, "allocations a", `a.id = ${p(1)} AND (SELECT count(*) FROM closed) >= 0`)}`,
-    spanParams(w, allocationId, owner),
+    SQL`WITH closed AS (UPDATE meter_spans SET ended_at = GREATEST(${v.at}::timestamptz, metered_until) WHERE allocation_id = ${v.allocationId} AND ended_at IS NULL RETURNING 1)
+     ${openSpanSql(v, SQL`allocations a`, SQL`a.id = ${v.allocationId} AND (SELECT count(*) FROM closed) >= 0`)}`,
   );
 }
 

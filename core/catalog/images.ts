@@ -2,6 +2,7 @@ import { z } from "zod";
 import { forbidden } from "../../contracts/errors.ts";
 import type { Principal } from "../auth/principal.ts";
 import type { Sql } from "../kernel/db.ts";
+import { type Fragment, SQL } from "../kernel/sql.ts";
 import { parseInput } from "../kernel/validation.ts";
 import type { Write } from "../kernel/write.ts";
 
@@ -22,26 +23,23 @@ export interface ResolvedImage {
 export interface ImageResolver {
   resolve(tx: Sql, tenantId: string, imageId: string): Promise<ResolvedImage | undefined>;
   /**
-   * The same answer as an SQL expression (a jsonb ResolvedImage, or NULL), given the placeholders of the image id
-   * and the tenant id: admission reads it with the statement it opens with, one round trip fewer per create.
-   * A resolver that looks outside the database leaves it out, and is asked through `resolve`.
+   * The same answer as an SQL expression (a jsonb ResolvedImage, or NULL), given the image id and the tenant id
+   * as SQL: admission reads it with the statement it opens with, one round trip fewer per create. A resolver that
+   * looks outside the database leaves it out, and is asked through `resolve`.
    */
-  inStatement?(imageId: string, tenantId: string): string;
+  inStatement?(imageId: Fragment, tenantId: Fragment): Fragment;
 }
 
-const visible = (imageId: string, tenantId: string) => `id = ${imageId} AND deleted_at IS NULL AND (tenant_id = ${tenantId} OR visibility = 'public')`;
+const visible = (imageId: unknown, tenantId: unknown) => SQL`id = ${imageId} AND deleted_at IS NULL AND (tenant_id = ${tenantId} OR visibility = 'public')`;
 
 /** The default resolver: the images table, the tenant's own images and public ones. */
 export const tableImages: ImageResolver = {
   async resolve(tx, tenantId, imageId) {
-    const [image] = await tx.query<ResolvedImage>(`SELECT source AS url, sha256, format, verified FROM images WHERE ${visible("$1", "$2")}`, [
-      imageId,
-      tenantId,
-    ]);
+    const [image] = await tx.query<ResolvedImage>(SQL`SELECT source AS url, sha256, format, verified FROM images WHERE ${visible(imageId, tenantId)}`);
     return image;
   },
   inStatement: (imageId, tenantId) =>
-    `(SELECT jsonb_build_object('url', source, 'sha256', sha256, 'format', format, 'verified', verified) FROM images WHERE ${visible(imageId, tenantId)})`,
+    SQL`(SELECT jsonb_build_object('url', source, 'sha256', sha256, 'format', format, 'verified', verified) FROM images WHERE ${visible(imageId, tenantId)})`,
 };
 
 /** What the deployment allows of image sources (infra/config.ts `vps.imageSources`). */

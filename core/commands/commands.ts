@@ -2,6 +2,7 @@ import type { RefusalCode } from "../../contracts/commands.ts";
 import type { CommandReport, HostCommand, HostCommandKind } from "../../contracts/host.ts";
 import { INSTANCE_COLUMNS, type Instance } from "../instances/model.ts";
 import type { Sql, Statement } from "../kernel/db.ts";
+import { type Fragment, SQL } from "../kernel/sql.ts";
 import type { Write } from "../kernel/write.ts";
 
 /**
@@ -67,21 +68,15 @@ export async function enqueueCommand(
      * only inside it. The caller sets the same on the returned row's args before the write commits; its agent
      * is sent those.
      */
-    argsSql?: (args: string) => string;
+    argsSql?: (args: Fragment) => Fragment;
   } = {},
 ): Promise<HostCommandRow> {
   const row = newCommand(w, c);
-  const insert = (p: (v: unknown) => string) => commandInsert(row, p, opts.argsSql);
+  const insert = commandInsert(row, opts.argsSql);
   // `deferred`: nothing later in the write reads the row (a pause or resume request), so it goes in with the
   // write's last statement (Write.defer) instead of a round trip of its own.
   if (opts.deferred) w.defer(insert);
-  else {
-    const params: unknown[] = [];
-    await w.sql.query(
-      insert((v) => `$${params.push(v)}`),
-      params,
-    );
-  }
+  else await w.sql.query(insert);
   w.command(c.nodeId, asHostCommand(row));
   return row;
 }
@@ -95,13 +90,13 @@ export async function enqueueCommand(
 export function commandFromRow(
   w: Write,
   c: { instanceId: string; kind: HostCommandKind; args: Record<string, unknown>; timeoutMs: number },
-  from: string,
-  argsSql: (args: string) => string,
+  from: Fragment,
+  argsSql: (args: Fragment) => Fragment,
 ) {
   const row = newCommand(w, { ...c, nodeId: "" });
   return {
     row,
-    insert: (p: (v: unknown) => string) => commandInsert(row, p, argsSql, from),
+    insert: commandInsert(row, argsSql, from),
     queued(nodeId: string, args: Record<string, unknown>): HostCommandRow {
       Object.assign(row, { nodeId, args });
       w.command(nodeId, asHostCommand(row));
@@ -132,11 +127,11 @@ function newCommand(
   };
 }
 
-/** A command's INSERT, its values placed with `p`; from `from`'s row (its node_id), and only if it has one, where given. */
-function commandInsert(row: HostCommandRow, p: (v: unknown) => string, argsSql: (args: string) => string = (given) => given, from?: string): string {
-  return `INSERT INTO host_commands (id, node_id, instance_id, kind, args, deadline, created_at)
-     SELECT ${p(row.id)}::text, ${from ? `${from}.node_id` : `${p(row.nodeId)}::text`}, ${p(row.instanceId)}::text, ${p(row.kind)}::text,
-            ${argsSql(`${p(JSON.stringify(row.args))}::jsonb`)}, ${p(row.deadline)}::timestamptz, ${p(row.createdAt)}::timestamptz${from ? ` FROM ${from}` : ""}`;
+/** A command's INSERT; from `from`'s row (its node_id), and only if it has one, where given. */
+function commandInsert(row: HostCommandRow, argsSql: (args: Fragment) => Fragment = (given) => given, from?: Fragment): Fragment {
+  return SQL`INSERT INTO host_commands (id, node_id, instance_id, kind, args, deadline, created_at)
+     SELECT ${row.id}::text, ${from ? SQL`${from}.node_id` : SQL`${row.nodeId}::text`}, ${row.instanceId}::text, ${row.kind}::text,
+            ${argsSql(SQL`${JSON.stringify(row.args)}::jsonb`)}, ${row.deadline}::timestamptz, ${row.createdAt}::timestamptz${from ? SQL` FROM ${from}` : SQL.empty}`;
 }
 
 /** What a node's agent should be working on: commands not finished and not past their deadline, oldest first. */

@@ -4,6 +4,7 @@ import type { CommandReport } from "../../contracts/host.ts";
 import { CHANGED_ROW, changeStatement, writeChange } from "../instances/changes.ts";
 import type { Instance } from "../instances/model.ts";
 import type { Sql } from "../kernel/db.ts";
+import { type Fragment, SQL } from "../kernel/sql.ts";
 import type { Write } from "../kernel/write.ts";
 import {
   commandFromRow,
@@ -46,7 +47,7 @@ export async function queuePowerWithChange(w: Write, inst: { id: string; nodeId:
   const cmd = await enqueueCommand(
     w,
     { nodeId: inst.nodeId, instanceId: inst.id, kind, args, timeoutMs: timeoutMs(kind, args) },
-    { deferred: true, argsSql: (given) => `${given} || jsonb_build_object('generation', (SELECT spec_generation FROM ${CHANGED_ROW}))` },
+    { deferred: true, argsSql: (given) => SQL`${given} || jsonb_build_object('generation', (SELECT spec_generation FROM ${CHANGED_ROW}))` },
   );
   return (changed) => {
     cmd.args.generation = changed.specGeneration;
@@ -64,16 +65,16 @@ export async function queuePowerAfterChange(w: Write, changed: { id: string; nod
  * `from` (the changed row's part) has a row, for its node, with the generation it gives the instance. Once the
  * statement has run, call `queued` with the changed row: its agent is sent the command once the write commits.
  */
-export function powerInStatement(w: Write, instanceId: string, kind: PowerKind, from: string) {
+export function powerInStatement(w: Write, instanceId: string, kind: PowerKind, from: Fragment) {
   const args = { instanceId };
   const command = commandFromRow(
     w,
     { instanceId, kind, args, timeoutMs: timeoutMs(kind, args) },
     from,
-    (given) => `${given} || jsonb_build_object('generation', ${from}.spec_generation)`,
+    (given) => SQL`${given} || jsonb_build_object('generation', ${from}.spec_generation)`,
   );
   return {
-    part: (add: (v: unknown) => string) => `queued AS (${command.insert(add)})`,
+    part: SQL`queued AS (${command.insert})`,
     queued: (changed: Instance) => void command.queued(changed.nodeId as string, { instanceId, generation: changed.specGeneration }),
   };
 }
@@ -125,45 +126,13 @@ export async function settlePowerReport(
   nodeId: string,
   report: CommandReport & { power: NonNullable<CommandReport["power"]> },
 ): Promise<HostCommandRow> {
-  const move = POWER_MOVES[report.power.kind];
-  // The command's row as this transaction's report statement left it: absent unless that statement changed it.
-  const recordedHere = (add: (v: unknown) => string) =>
-    `host_commands h WHERE h.id = ${add(report.id)} AND h.node_id = ${add(nodeId)} AND h.xmin = pg_current_xact_id()::xid`;
-  // The generation the command names, which the host's answer confirms it has seen (powerObservation).
-  const generation = (add: (v: unknown) => string) =>
-    `(SELECT (c.args->>'generation')::int FROM host_commands c WHERE c.id = ${add(report.id)} AND jsonb_typeof(c.args->'generation') = 'number')`;
-  const observed = (add: (v: unknown) => string, value: string, column: string) =>
-    `CASE WHEN ${generation(add)} >= observed_generation THEN ${value} ELSE ${column} END`;
-  const change = changeStatement(w, { id: report.power.instanceId, state: move.from, desiredState: move.to, nodeId }, { state: move.to }, move.reason, {
-    last: true,
-    guard: (add) =>
-      `state = ${add(move.from)} AND desired_state = ${add(move.to)} AND node_id = ${add(nodeId)}
-         AND EXISTS (SELECT FROM ${recordedHere(add)} AND h.instance_id = $1 AND h.kind = ${add(report.power.kind)} AND h.state = 'succeeded')
-         AND NOT EXISTS (SELECT FROM host_commands o WHERE o.instance_id = $1 AND o.settled_at IS NULL AND o.id <> ${add(report.id)})`,
-    computed: {
-      observed_state: (add) => observed(add, `${add(move.to)}::text`, "observed_state"),
-      observed_error: (add) => observed(add, "NULL", "observed_error"),
-      observed_generation: (add) => observed(add, generation(add), "observed_generation"),
-      observed_at: (add) => observed(add, "$2::timestamptz", "observed_at"),
-    },
-    parts: (add) => {
-      const audit = w.auditInStatement(
-        { targetId: report.id },
-        add,
-        `jsonb_build_object('kind', h.kind, 'instanceId', h.instance_id, 'state', h.state, 'error', h.error)`,
-        recordedHere(add),
-      );
-      // Settled with the change only: a command whose outcome this statement did not apply is the reconciler's.
-      const settled = `settled AS (UPDATE host_commands SET settled_at = $2::timestamptz WHERE id = ${add(report.id)} AND EXISTS (SELECT FROM ${CHANGED_ROW}))`;
-      return audit ? [settled, `audited AS (${audit})`] : [settled];
-    },
-  });
+  const change = powerReportChange(w, nodeId, report);
   const commit = w.sql.commitBatch as NonNullable<Sql["commitBatch"]>;
   const [known, , updated, changed] = (await commit([
     commandRowStatement(report.id, nodeId),
     commandInstanceLock(report.id, nodeId),
     commandReportStatement(w, nodeId, report),
-    { text: change.text, params: change.params },
+    change.statement,
   ])) as [HostCommandRow[], unknown[], HostCommandRow[], Parameters<typeof change.applied>[0]];
   const [cmd] = updated;
   if (!cmd) {
@@ -179,4 +148,41 @@ export async function settlePowerReport(
   if (!inst) return cmd;
   w.settle(inst.id);
   return { ...cmd, settledAt: w.now };
+}
+
+/**
+ * settlePowerReport's change, built ahead and guarded on what the general path would have checked after reading
+ * (see there), with the command settled and the audit row in its statement.
+ */
+export function powerReportChange(w: Write, nodeId: string, report: CommandReport & { power: NonNullable<CommandReport["power"]> }) {
+  const move = POWER_MOVES[report.power.kind];
+  const commandId = SQL.param(report.id);
+  // The command's row as this transaction's report statement left it: absent unless that statement changed it.
+  const recordedHere = SQL`host_commands h WHERE h.id = ${commandId} AND h.node_id = ${nodeId} AND h.xmin = pg_current_xact_id()::xid`;
+  // The generation the command names, which the host's answer confirms it has seen (powerObservation).
+  const generation = SQL`(SELECT (c.args->>'generation')::int FROM host_commands c WHERE c.id = ${commandId} AND jsonb_typeof(c.args->'generation') = 'number')`;
+  const observed = (value: Fragment, column: string) => SQL`CASE WHEN ${generation} >= observed_generation THEN ${value} ELSE ${SQL.ident(column)} END`;
+  return changeStatement(w, { id: report.power.instanceId, state: move.from, desiredState: move.to, nodeId }, { state: move.to }, move.reason, {
+    last: true,
+    guard: ({ id }) =>
+      SQL`state = ${move.from} AND desired_state = ${move.to} AND node_id = ${nodeId}
+         AND EXISTS (SELECT FROM ${recordedHere} AND h.instance_id = ${id} AND h.kind = ${report.power.kind} AND h.state = 'succeeded')
+         AND NOT EXISTS (SELECT FROM host_commands o WHERE o.instance_id = ${id} AND o.settled_at IS NULL AND o.id <> ${commandId})`,
+    computed: {
+      observed_state: () => observed(SQL`${move.to}::text`, "observed_state"),
+      observed_error: () => observed(SQL`NULL`, "observed_error"),
+      observed_generation: () => observed(generation, "observed_generation"),
+      observed_at: ({ at }) => observed(SQL`${at}::timestamptz`, "observed_at"),
+    },
+    parts: ({ at }) => {
+      const audit = w.auditInStatement(
+        { targetId: report.id },
+        SQL`jsonb_build_object('kind', h.kind, 'instanceId', h.instance_id, 'state', h.state, 'error', h.error)`,
+        recordedHere,
+      );
+      // Settled with the change only: a command whose outcome this statement did not apply is the reconciler's.
+      const settled = SQL`settled AS (UPDATE host_commands SET settled_at = ${at}::timestamptz WHERE id = ${commandId} AND EXISTS (SELECT FROM ${CHANGED_ROW}))`;
+      return audit ? [settled, SQL`audited AS (${audit})`] : [settled];
+    },
+  });
 }

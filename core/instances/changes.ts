@@ -2,6 +2,7 @@ import type { InstanceEventMessage } from "../../contracts/channels.ts";
 import { notFound } from "../../contracts/errors.ts";
 import { type Principal, visibleTo } from "../auth/principal.ts";
 import type { Statement } from "../kernel/db.ts";
+import { type Fragment, SQL } from "../kernel/sql.ts";
 import type { Write } from "../kernel/write.ts";
 import { releaseQuota } from "../tenancy/quota.ts";
 import { INSTANCE_COLUMNS, type Instance } from "./model.ts";
@@ -21,7 +22,7 @@ export async function lockInstance(w: Write, who: Principal | null, id: string):
 }
 
 /** Lock an instance row, reading nothing: for a statement that follows it in the same message (changeStatement's `rowNode`). */
-export const instanceLockStatement = (id: string): Statement => ({ text: `SELECT id FROM instances WHERE id = $1 FOR UPDATE`, params: [id] });
+export const instanceLockStatement = (id: string): Statement => SQL`SELECT id FROM instances WHERE id = ${id} FOR UPDATE`;
 
 /** Columns a change may set, and how each is bound (jsonb values are sent as JSON text). */
 const settable = {
@@ -55,8 +56,14 @@ const settable = {
 } as const;
 export type InstanceSet = Partial<Record<keyof typeof settable, unknown>>;
 
-/** A change as a ChangeHook sees it, as its statement is built: `$1` binds the instance's id, `$2` the write's time. */
-export interface ChangeView {
+/** What a change's statement binds once for all its parts: the instance's id and the write's time. */
+export interface ChangeKeys {
+  id: Fragment;
+  at: Fragment;
+}
+
+/** A change as a ChangeHook sees it, as its statement is built. */
+export interface ChangeView extends ChangeKeys {
   /** The row as the caller knows it (a guarded change's caller has not read it: see changeStatement). */
   inst: Pick<Instance, "id" | "state" | "desiredState" | "nodeId">;
   set: InstanceSet;
@@ -64,8 +71,8 @@ export interface ChangeView {
   to: InstanceState;
   desired: DesiredState;
   nodeId: string | null;
-  /** The change's guard, as SQL to append to a condition on the `instances` row (`` AND (…)``), or "" for none. */
-  guard: string;
+  /** The change's guard, as SQL to append to a condition on the `instances` row (`` AND (…)``), or null for none. */
+  guard: Fragment | null;
   /** changeStatement's `rowNode`: the row's node is the one it names, which the caller has not read. */
   rowNode: boolean;
 }
@@ -76,11 +83,11 @@ export interface ChangeParts {
    * WITH parts that run before the instance's UPDATE, which holds the row locked already, so rows they lock are
    * taken after it, in the one lock order. Names other than `i`, `e` and the caller's parts.
    */
-  before: string[];
+  before: Fragment[];
   /** More assignments of the UPDATE (they may read the parts before it). */
-  assignments: string[];
+  assignments: Fragment[];
   /** An SQL expression returned with the changed row (over the parts before it); `applied` gets its value. */
-  returned: string;
+  returned: Fragment;
   /** Once the statement has run and changed the row: record on the Write what the parts did. */
   applied(w: Write, value: unknown): void;
 }
@@ -89,10 +96,10 @@ export interface ChangeParts {
  * What a pool class adds to every instance change, in the change's own statement: not a statement or a round
  * trip of its own, on the platform's hottest path (hosted pools: the spec generations of the nodes the change
  * concerns, core/pools/hosted/generations.ts). Pool drivers bring theirs (PoolDriver.changeHook) and the registry
- * sets them here when the drivers are registered: instances know no pool class. `add` binds a parameter.
+ * sets them here when the drivers are registered: instances know no pool class.
  */
 export interface ChangeHook {
-  parts(change: ChangeView, add: (v: unknown) => string): ChangeParts | null;
+  parts(change: ChangeView): ChangeParts | null;
 }
 
 /** Set with the pool drivers (core/pools/registry.ts); undefined until then, which no change may run without. */
@@ -103,7 +110,7 @@ export function setChangeHooks(list: readonly ChangeHook[]): void {
 }
 
 /** The WITH part of writeChange's statement that holds the changed row: statements riding in it may read it. */
-export const CHANGED_ROW = "i";
+export const CHANGED_ROW = SQL.ident("i");
 
 /**
  * Apply one change to a locked instance: `version` goes up by one and the change's event is written with it.
@@ -114,7 +121,7 @@ export const CHANGED_ROW = "i";
 export async function writeChange(w: Write, inst: Instance, set: InstanceSet, reason: string, opts: { last?: boolean } = {}): Promise<Instance> {
   const change = changeStatement(w, inst, set, reason, opts);
   const run = opts.last && w.sql.commitWith ? w.sql.commitWith.bind(w.sql) : w.sql.query.bind(w.sql);
-  const applied = change.applied(await run<ChangedRow>(change.text, change.params));
+  const applied = change.applied(await run<ChangedRow>(change.statement));
   if (!applied) throw notFound("instance", inst.id);
   return applied;
 }
@@ -134,7 +141,7 @@ type ChangedRow = Instance & { eventId: string; hooked: unknown[] | null };
  * on the node its row names, which the caller has not read (its `inst.nodeId` says nothing): what the hooks do
  * for that node (hosted pools: its spec generation) is done only where the guard holds. Such a caller must hold the row
  * locked by an earlier statement of its transaction (instanceLockStatement), so that the node's row is still
- * taken after it, in the one lock order.
+ * taken after it, in the one lock order. `guard`, `computed` and `parts` are given the statement's ChangeKeys.
  */
 export function changeStatement(
   w: Write,
@@ -143,12 +150,12 @@ export function changeStatement(
   reason: string,
   opts: {
     last?: boolean;
-    guard?: (add: (v: unknown) => string) => string;
-    computed?: Partial<Record<keyof typeof settable, (add: (v: unknown) => string) => string>>;
-    parts?: (add: (v: unknown) => string) => string[];
+    guard?: (keys: ChangeKeys) => Fragment;
+    computed?: Partial<Record<keyof typeof settable, (keys: ChangeKeys) => Fragment>>;
+    parts?: (keys: ChangeKeys) => Fragment[];
     rowNode?: boolean;
   } = {},
-): { text: string; params: unknown[]; applied(rows: ChangedRow[]): Instance | null } {
+): { statement: Fragment; applied(rows: ChangedRow[]): Instance | null } {
   if (opts.rowNode && "node_id" in set) throw new Error("a change that moves an instance to a node must know the node it leaves");
   if (!hooks) throw new Error("instance changes need the pool drivers' hooks: the process must register its drivers first (core/drivers.ts)");
   const to = (set.state as InstanceState | undefined) ?? inst.state;
@@ -157,33 +164,20 @@ export function changeStatement(
   const nextNode = "node_id" in set ? (set.node_id as string | null) : inst.nodeId;
   // What the old host saw says nothing about the new one (and generations are per node).
   if (nextNode !== inst.nodeId) set = { ...set, observed_state: null, observed_error: null, observed_generation: -1 };
-  const params: unknown[] = [inst.id, w.now, inst.state, reason, w.actor];
-  const add = (v: unknown) => `$${params.push(v)}`;
-  const guard = opts.guard ? ` AND (${opts.guard(add)})` : "";
-  const assignments = Object.entries(set).map(([col, value]) => {
-    const type = settable[col as keyof typeof settable];
-    return `${col} = ${add(type === "jsonb" ? JSON.stringify(value) : value)}::${type}`;
-  });
-  for (const [col, expr] of Object.entries(opts.computed ?? {})) assignments.push(`${col} = ${(expr as (a: typeof add) => string)(add)}`);
+  const keys: ChangeKeys = { id: SQL.param(inst.id), at: SQL.param(w.now) };
+  const guard = opts.guard ? SQL` AND (${opts.guard(keys)})` : null;
   // What the pool classes add (hosted: the nodes' spec generations), in this statement, before the UPDATE.
   const nextDesired = (set.desired_state as DesiredState | undefined) ?? inst.desiredState;
-  const view: ChangeView = { inst, set: asked, to, desired: nextDesired, nodeId: nextNode, guard, rowNode: opts.rowNode ?? false };
-  const hooked = hooks.flatMap((h) => h.parts(view, add) ?? []);
-  for (const p of hooked) assignments.push(...p.assignments);
-  const extra = opts.parts?.(add) ?? [];
-  const closing = opts.last ? w.closingParts(add) : [];
-  const text = `WITH ${hooked.flatMap((p) => p.before.map((part) => `${part},`)).join("")}
-     ${CHANGED_ROW} AS (
-       UPDATE instances SET ${[...assignments, "version = version + 1", "updated_at = $2"].join(", ")} WHERE id = $1${guard} RETURNING *),
-     e AS (
-       INSERT INTO instance_events (instance_id, tenant_id, pool_id, project_id, from_state, to_state, desired_state, reason, actor, version, at)
-       SELECT id, tenant_id, pool_id, project_id, $3, state, desired_state, $4, $5, version, $2 FROM ${CHANGED_ROW} RETURNING id)
-     ${[...extra, ...closing].map((part) => `, ${part}`).join("")}
-     SELECT ${INSTANCE_COLUMNS}, (SELECT id::text FROM e) AS "eventId",
-            ${hooked.length ? `json_build_array(${hooked.map((p) => p.returned).join(", ")})` : "NULL"} AS hooked FROM ${CHANGED_ROW}`;
+  const view: ChangeView = { ...keys, inst, set: asked, to, desired: nextDesired, nodeId: nextNode, guard, rowNode: opts.rowNode ?? false };
+  const hooked = hooks.flatMap((h) => h.parts(view) ?? []);
+  const statement = changeSql(w, inst.state, reason, keys, {
+    assignments: [...assignmentsOf(set, opts.computed ?? {}, keys), ...hooked.flatMap((p) => p.assignments)],
+    guard,
+    hooked,
+    parts: [...(opts.parts?.(keys) ?? []), ...(opts.last ? w.closingParts() : [])],
+  });
   return {
-    text,
-    params,
+    statement,
     applied(rows) {
       const [row] = rows;
       if (!row) return null;
@@ -199,6 +193,48 @@ export function changeStatement(
       return instance;
     },
   };
+}
+
+/** The UPDATE's assignments of `set`'s values and of `computed`'s expressions. */
+function assignmentsOf(set: InstanceSet, computed: Partial<Record<keyof typeof settable, (keys: ChangeKeys) => Fragment>>, keys: ChangeKeys): Fragment[] {
+  const assignments = Object.entries(set).map(([col, value]) => {
+    const type = settable[col as keyof typeof settable];
+    if (!type) throw new Error(`${col} is not a column a change may set`);
+    return SQL`${SQL.ident(col)} = ${type === "jsonb" ? JSON.stringify(value) : value}::${SQL.raw(type)}`;
+  });
+  for (const [col, expr] of Object.entries(computed)) assignments.push(SQL`${SQL.ident(col)} = ${(expr as (k: ChangeKeys) => Fragment)(keys)}`);
+  return assignments;
+}
+
+const COLUMNS = SQL.raw(INSTANCE_COLUMNS);
+
+/**
+ * The change's statement: the hooks' parts, the UPDATE, its event, then `parts` (the caller's, then the write's
+ * closing ones), returning the changed row with what each hook's part returned.
+ */
+function changeSql(
+  w: Write,
+  from: InstanceState,
+  reason: string,
+  { id, at }: ChangeKeys,
+  c: { assignments: Fragment[]; guard: Fragment | null; hooked: ChangeParts[]; parts: Fragment[] },
+): Fragment {
+  const before = c.hooked.flatMap((p) => p.before.map((part) => SQL`${part},`));
+  const sets = SQL.join([...c.assignments, SQL`version = version + 1`, SQL`updated_at = ${at}`]);
+  const after = SQL.join(
+    c.parts.map((part) => SQL`, ${part}`),
+    "",
+  );
+  const returned = c.hooked.length ? SQL`json_build_array(${SQL.join(c.hooked.map((p) => p.returned))})` : SQL`NULL`;
+  return SQL`WITH ${SQL.join(before, "")}
+     ${CHANGED_ROW} AS (
+       UPDATE instances SET ${sets} WHERE id = ${id}${c.guard ?? SQL.empty} RETURNING *),
+     e AS (
+       INSERT INTO instance_events (instance_id, tenant_id, pool_id, project_id, from_state, to_state, desired_state, reason, actor, version, at)
+       SELECT id, tenant_id, pool_id, project_id, ${from}, state, desired_state, ${reason}, ${w.actor}, version, ${at} FROM ${CHANGED_ROW} RETURNING id)
+     ${after}
+     SELECT ${COLUMNS}, (SELECT id::text FROM e) AS "eventId",
+            ${returned} AS hooked FROM ${CHANGED_ROW}`;
 }
 
 /**

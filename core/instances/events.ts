@@ -1,6 +1,7 @@
 import { invalid, notFound } from "../../contracts/errors.ts";
 import { type Principal, requireRead, visibleTo } from "../auth/principal.ts";
 import type { Sql } from "../kernel/db.ts";
+import { SQL } from "../kernel/sql.ts";
 import { INSTANCE_COLUMNS, type Instance } from "./model.ts";
 
 /**
@@ -72,7 +73,7 @@ export async function instanceFilter(sql: Sql, who: Principal | null, instanceId
   return { instanceId };
 }
 
-const EVENT_COLUMNS = `position::text AS position, instance_id AS "instanceId", tenant_id AS "tenantId", pool_id AS "poolId",
+const EVENT_COLUMNS = SQL`position::text AS position, instance_id AS "instanceId", tenant_id AS "tenantId", pool_id AS "poolId",
   project_id AS "projectId", from_state AS "fromState", to_state AS "toState", desired_state AS "desiredState", reason, actor,
   version, at`;
 
@@ -87,22 +88,15 @@ export async function headPosition(sql: Sql): Promise<bigint> {
  * Unpositioned rows belong to transactions that have not committed yet and are never read.
  */
 export async function readEvents(sql: Sql, filter: EventFilter, after: bigint, upTo: bigint | null, limit: number): Promise<WatchedEvent[]> {
-  const where = ["position > $1::bigint"];
-  const params: unknown[] = [after.toString()];
-  const add = (cond: string, value: unknown) => {
-    params.push(value);
-    where.push(`${cond} $${params.length}`);
-  };
-  if (upTo !== null) add("position <=", upTo.toString());
-  if (filter.tenantId !== undefined) add("tenant_id =", filter.tenantId);
-  if (filter.poolId !== undefined) add("pool_id =", filter.poolId);
-  if (filter.projectId !== undefined) add("project_id =", filter.projectId);
-  if (filter.instanceId !== undefined) add("instance_id =", filter.instanceId);
-  params.push(limit);
+  const where = [SQL`position > ${after.toString()}::bigint`];
+  if (upTo !== null) where.push(SQL`position <= ${upTo.toString()}`);
+  if (filter.tenantId !== undefined) where.push(SQL`tenant_id = ${filter.tenantId}`);
+  if (filter.poolId !== undefined) where.push(SQL`pool_id = ${filter.poolId}`);
+  if (filter.projectId !== undefined) where.push(SQL`project_id = ${filter.projectId}`);
+  if (filter.instanceId !== undefined) where.push(SQL`instance_id = ${filter.instanceId}`);
   const rows = await sql.query<Omit<StoredEvent, "position"> & { position: string }>(
     // Qualified: a bare `position` here would sort by the text alias above ("10" before "9").
-    `SELECT ${EVENT_COLUMNS} FROM instance_events WHERE ${where.join(" AND ")} ORDER BY instance_events.position LIMIT $${params.length}`,
-    params,
+    SQL`SELECT ${EVENT_COLUMNS} FROM instance_events WHERE ${SQL.join(where, " AND ")} ORDER BY instance_events.position LIMIT ${limit}`,
   );
   if (!rows.length) return [];
   const ids = [...new Set(rows.map((r) => r.instanceId))];

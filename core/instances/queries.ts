@@ -1,6 +1,7 @@
 import { invalid } from "../../contracts/errors.ts";
 import { type Principal, requireRead, visibleTo } from "../auth/principal.ts";
 import { one, type Sql } from "../kernel/db.ts";
+import { type Fragment, SQL } from "../kernel/sql.ts";
 import { INSTANCE_COLUMNS, type Instance } from "./model.ts";
 import type { InstanceState } from "./state.ts";
 
@@ -43,6 +44,8 @@ function decodeCursor(c: string): { at: Date; id: string } {
   }
 }
 
+const COLUMNS = SQL.raw(INSTANCE_COLUMNS);
+
 /** A page of the instances the caller can see: by default a tenant's own identity's, an operator's all. */
 export async function listInstances(sql: Sql, who: Principal | null, args: ListArgs): Promise<InstancePage> {
   const p = requireRead(who, "compute:instances:read");
@@ -50,27 +53,19 @@ export async function listInstances(sql: Sql, who: Principal | null, args: ListA
   if (first < 1 || first > 500) throw invalid("first must be 1 to 500", { path: "first" });
   const owner = args.owner ?? (p.operator ? "all" : "mine");
   if (owner === "all" && !p.operator) throw invalid("owner ALL is for operators", { path: "owner" });
-  const where: string[] = [];
-  const params: unknown[] = [];
-  const add = (cond: (n: number) => string, value: unknown) => {
-    params.push(value);
-    where.push(cond(params.length));
-  };
-  if (!p.operator) add((n) => `tenant_id = $${n} AND (warm_template_id IS NULL OR claimed_at IS NOT NULL)`, p.tenantId);
-  if (owner === "mine") add((n) => `owner_identity_id = $${n}`, p.identityId);
-  if (args.poolId) add((n) => `pool_id = $${n}`, args.poolId);
-  if (args.projectId) add((n) => `project_id = $${n}`, args.projectId);
-  if (args.state) add((n) => `state = $${n}`, args.state);
+  const where: Fragment[] = [];
+  if (!p.operator) where.push(SQL`tenant_id = ${p.tenantId} AND (warm_template_id IS NULL OR claimed_at IS NOT NULL)`);
+  if (owner === "mine") where.push(SQL`owner_identity_id = ${p.identityId}`);
+  if (args.poolId) where.push(SQL`pool_id = ${args.poolId}`);
+  if (args.projectId) where.push(SQL`project_id = ${args.projectId}`);
+  if (args.state) where.push(SQL`state = ${args.state}`);
   if (args.after) {
     const c = decodeCursor(args.after);
-    params.push(c.at, c.id);
-    where.push(`(created_at, id) < ($${params.length - 1}::timestamptz, $${params.length}::text)`);
+    where.push(SQL`(created_at, id) < (${c.at}::timestamptz, ${c.id}::text)`);
   }
-  params.push(first + 1);
   const rows = await sql.query<Instance>(
-    `SELECT ${INSTANCE_COLUMNS} FROM instances ${where.length ? `WHERE ${where.join(" AND ")}` : ""}
-      ORDER BY created_at DESC, id DESC LIMIT $${params.length}`,
-    params,
+    SQL`SELECT ${COLUMNS} FROM instances ${where.length ? SQL`WHERE ${SQL.join(where, " AND ")}` : SQL.empty}
+      ORDER BY created_at DESC, id DESC LIMIT ${first + 1}`,
   );
   const edges = rows.slice(0, first).map((node) => ({ cursor: encodeCursor(node), node }));
   return { edges, pageInfo: { hasNextPage: rows.length > first, endCursor: edges.at(-1)?.cursor ?? null } };

@@ -2,6 +2,7 @@ import type { InstanceEventMessage } from "../../contracts/channels.ts";
 import type { HostCommand } from "../../contracts/host.ts";
 import type { Sql } from "./db.ts";
 import type { IdSource } from "./ids.ts";
+import { type Fragment, SQL } from "./sql.ts";
 
 /**
  * The one write path (docs/architecture.md, "The write path"). Every change — a mutation, a reconciler step,
@@ -34,7 +35,7 @@ export interface AuditSubject {
  * the domain it is a retry.
  */
 /** The audit row's columns, in the order both of its writers (finishWrite, auditInStatement) give values. */
-const AUDIT_COLUMNS = "actor_id, tenant_id, action, target_id, request_id, details, at";
+const AUDIT_COLUMNS = SQL`actor_id, tenant_id, action, target_id, request_id, details, at`;
 
 /**
  * What an event's row holds beyond its bus message, and its instance as the write left it: enough for this
@@ -188,29 +189,29 @@ export class Write {
 
   /**
    * `audit`, with the row inserted by the caller's own last statement (admission's, whose node and addresses
-   * are only known inside it): the INSERT for a CTE, reading `from`, its values placed with `add`; `details` is a
-   * jsonb SQL expression over `from`. The caller must fail the write if the statement did not insert it. Null
-   * for a write that is not a mutation (it keeps no audit row).
+   * are only known inside it): the INSERT for a CTE, reading `from`; `details` is a jsonb SQL expression over
+   * `from`. The caller must fail the write if the statement did not insert it. Null for a write that is not a
+   * mutation (it keeps no audit row).
    */
-  auditInStatement(subject: Omit<AuditSubject, "details">, add: (v: unknown) => string, details: string, from: string): string | null {
+  auditInStatement(subject: Omit<AuditSubject, "details">, details: Fragment, from: Fragment): Fragment | null {
     if (!this.opts.action) return null;
     // That statement commits the write: nothing deferred could follow it.
     if (this.deferred.length) throw new Error("a write that commits in its own statement cannot defer statements");
     this.audit(subject);
     this.auditWritten = true;
     const action = this.opts.action as string;
-    return `INSERT INTO audit_log (${AUDIT_COLUMNS})
-       SELECT ${add(this.actor)}, ${add(subject.tenantId ?? null)}, ${add(action)}, ${add(subject.targetId)}, ${add(this.opts.requestId ?? null)}, ${details}, ${add(this.now)}::timestamptz
+    return SQL`INSERT INTO audit_log (${AUDIT_COLUMNS})
+       SELECT ${this.actor}, ${subject.tenantId ?? null}, ${action}, ${subject.targetId}, ${this.opts.requestId ?? null}, ${details}, ${this.now}::timestamptz
          FROM ${from}`;
   }
 
   /**
    * Statements whose rows nothing later in this write reads, sent as part of its last statement (finishWrite):
-   * a round trip less for the caller waiting on the write. Each is given a way to bind its parameters.
+   * a round trip less for the caller waiting on the write.
    */
-  readonly deferred: ((param: (v: unknown) => string) => string)[] = [];
+  readonly deferred: Fragment[] = [];
 
-  defer(statement: (param: (v: unknown) => string) => string): void {
+  defer(statement: Fragment): void {
     if (this.closed) throw new Error("this write's last statement was sent: nothing can be deferred to it");
     this.deferred.push(statement);
   }
@@ -224,14 +225,13 @@ export class Write {
 
   /**
    * What the write's last statement must also do — its deferred statements and the mutation's audit row — as
-   * WITH parts (named d0…, a) for a caller whose own statement is that last one (writeChange's `last`), their
-   * values placed with `add`. After it the write is closed: no more deferring or auditing, and finishWrite
-   * sends nothing.
+   * WITH parts (named d0…, a) for a caller whose own statement is that last one (writeChange's `last`). After it
+   * the write is closed: no more deferring or auditing, and finishWrite sends nothing.
    */
-  closingParts(add: (v: unknown) => string): string[] {
+  closingParts(): Fragment[] {
     const row = this.auditRow();
-    const parts = this.deferred.map((statement, k) => `d${k} AS (${statement(add)})`);
-    if (row) parts.push(`a AS (${auditInsert(this, row, add)})`);
+    const parts = this.deferred.map((statement, k) => SQL`${SQL.ident(`d${k}`)} AS (${statement})`);
+    if (row) parts.push(SQL`a AS (${auditInsert(this, row)})`);
     this.closed = true;
     return parts;
   }
@@ -251,10 +251,16 @@ export class Write {
   }
 }
 
-/** The INSERT of a mutation's audit row, its values placed with `add`. */
-function auditInsert(w: Write, row: AuditSubject & { action: string }, add: (v: unknown) => string): string {
-  return `INSERT INTO audit_log (${AUDIT_COLUMNS}) VALUES (${add(w.actor)}, ${add(row.tenantId ?? null)}, ${add(row.action)}, ${add(row.targetId)},
-         ${add(w.opts.requestId ?? null)}, ${add(JSON.stringify(row.details ?? {}))}::jsonb, ${add(w.now)})`;
+/** The INSERT of a mutation's audit row. */
+function auditInsert(w: Write, row: AuditSubject & { action: string }): Fragment {
+  return SQL`INSERT INTO audit_log (${AUDIT_COLUMNS}) VALUES (${w.actor}, ${row.tenantId ?? null}, ${row.action}, ${row.targetId},
+         ${w.opts.requestId ?? null}, ${JSON.stringify(row.details ?? {})}::jsonb, ${w.now})`;
+}
+
+/** The write's last statement as finishWrite sends it: what closingParts gives, or null when that is nothing. */
+export function closingStatement(w: Write): Fragment | null {
+  const parts = w.closingParts();
+  return parts.length ? SQL`WITH ${SQL.join(parts)} SELECT 1` : null;
 }
 
 /**
@@ -266,11 +272,10 @@ export async function finishWrite(w: Write): Promise<void> {
   // The write's last statement: where the database can, it goes with COMMIT in one message (a round trip less
   // for every audited write, and its rows' locks given back that much sooner). Deferred statements ride in it
   // (PostgreSQL runs every data-modifying WITH part once, whether or not the statement reads it).
-  const params: unknown[] = [];
-  const parts = w.closingParts((v) => `$${params.push(v)}`);
-  if (!parts.length) return;
+  const statement = closingStatement(w);
+  if (!statement) return;
   const last = w.sql.commitWith?.bind(w.sql) ?? w.sql.query.bind(w.sql);
-  await last(`WITH ${parts.join(", ")} SELECT 1`, params);
+  await last(statement);
 }
 
 /**

@@ -1,5 +1,6 @@
 import type { ResolvedImage } from "../catalog/images.ts";
 import type { Shape } from "../catalog/shapes.ts";
+import { type Fragment, SQL } from "../kernel/sql.ts";
 import type { PoolJson } from "../pools/pools.ts";
 
 /**
@@ -14,28 +15,28 @@ export interface Catalog {
   image?: ResolvedImage | null;
 }
 
-/** Placeholders (or SQL expressions) for what the catalog is read by. */
+/** What the catalog is read by (each bound once, however often the statement reads it). */
 export interface CatalogKeys {
-  pool: string;
-  flavor: string;
-  project: string;
-  tenant: string;
-  image: string;
+  pool: Fragment;
+  flavor: Fragment;
+  project: Fragment;
+  tenant: Fragment;
+  image: Fragment;
 }
 
 /**
  * The catalog as one jsonb value, read by the create's lookup and read again by admission's statement when the
  * lookup was remembered (`lookupCache`): the same expression both times, so "unchanged" is jsonb equality.
  */
-export function catalogSql(k: CatalogKeys, image?: (imageId: string, tenantId: string) => string): string {
-  return `(SELECT jsonb_build_object(
+export function catalogSql(k: CatalogKeys, image?: (imageId: Fragment, tenantId: Fragment) => Fragment): Fragment {
+  return SQL`(SELECT jsonb_build_object(
        'pool', CASE WHEN p.id IS NULL THEN NULL ELSE jsonb_build_object('id', p.id, 'name', p.name, 'class', p.class, 'agent', p.agent,
          'runtime', p.runtime, 'providerAccountId', p.provider_account_id,
          'singleTenant', COALESCE((p.policy->>'singleTenant')::boolean, false), 'createdAt', p.created_at) END,
        'flavor', (SELECT jsonb_build_object('name', f.name, 'vcpus', f.vcpus, 'memoryMib', f.memory_mib, 'diskGib', f.disk_gib, 'gpus', f.gpus)
                     FROM flavors f WHERE f.pool_id = p.id AND f.name = ${k.flavor}),
        'projectOk', (${k.project}::text IS NULL OR EXISTS (SELECT 1 FROM projects WHERE id = ${k.project} AND tenant_id = ${k.tenant}))
-       ${image ? `, 'image', ${image(k.image, k.tenant)}` : ""})
+       ${image ? SQL`, 'image', ${image(k.image, k.tenant)}` : SQL.empty})
      FROM (SELECT 1) one LEFT JOIN pools p ON p.id = ${k.pool})`;
 }
 

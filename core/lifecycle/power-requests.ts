@@ -3,6 +3,7 @@ import { CHANGED_ROW, changeStatement, instanceLockStatement } from "../instance
 import type { Instance } from "../instances/model.ts";
 import type { DesiredState } from "../instances/state.ts";
 import type { Sql } from "../kernel/db.ts";
+import { SQL } from "../kernel/sql.ts";
 import { ContendedWrite, type Write } from "../kernel/write.ts";
 import type { DriverWith } from "../pools/driver.ts";
 import { driversWith } from "../pools/registry.ts";
@@ -44,28 +45,9 @@ export function powerInOneMessage(w: Write, who: Principal, desired: DesiredStat
 }
 
 export async function requestPower(w: Write, who: Principal, id: string, desired: DesiredState): Promise<Instance> {
-  const move = MOVES[desired] as NonNullable<(typeof MOVES)[DesiredState]>;
-  const driver = pausingDriver() as DriverWith<"pause">;
-  const classes = move.classGuard ? [driver.poolClass] : [];
-  // What the driver does for the move names the spec generation the change gives the instance, which only the statement knows.
-  const acted = driver.power.inStatement(w, id, move.to, CHANGED_ROW);
-  const change = changeStatement(w, { id, state: move.from, desiredState: move.from, nodeId: null }, { desired_state: desired }, `requested:${desired}`, {
-    last: true,
-    rowNode: true,
-    guard: (add) =>
-      `tenant_id = ${add(who.tenantId)} AND state = ${add(move.from)} AND desired_state = ${add(move.from)} AND node_id IS NOT NULL
-         AND sandbox_id IS NULL AND warm_template_id IS NULL
-         ${classes.length ? `AND (SELECT p.class FROM pools p WHERE p.id = instances.pool_id) = ANY(${add(classes)}::text[])` : ""}`,
-    parts: (add) => {
-      const audit = w.auditInStatement({ targetId: id, tenantId: who.tenantId }, add, `jsonb_build_object('desired', ${add(desired)}::text)`, CHANGED_ROW);
-      return [acted.part(add), ...(audit ? [`audited AS (${audit})`] : [])];
-    },
-  });
+  const { change, acted, move } = powerRequestChange(w, who, id, desired);
   const commit = w.sql.commitBatch as NonNullable<Sql["commitBatch"]>;
-  const [, rows] = (await commit([instanceLockStatement(id), { text: change.text, params: change.params }])) as [
-    unknown[],
-    Parameters<typeof change.applied>[0],
-  ];
+  const [, rows] = (await commit([instanceLockStatement(id), change.statement])) as [unknown[], Parameters<typeof change.applied>[0]];
   const inst = change.applied(rows);
   if (!inst)
     throw new ContendedWrite(`${id} is not where a ${move.to === "paused" ? "pause" : "resume"} starts from: the request runs again the general way`, {
@@ -75,4 +57,26 @@ export async function requestPower(w: Write, who: Principal, id: string, desired
   // Nothing for a reconcile pass to do until the host answers, and its answer wakes the instance.
   w.settle(inst.id);
   return inst;
+}
+
+/** requestPower's change, built ahead for the move and guarded (see above), and what the driver does for it. */
+export function powerRequestChange(w: Write, who: Principal, id: string, desired: DesiredState) {
+  const move = MOVES[desired] as NonNullable<(typeof MOVES)[DesiredState]>;
+  const driver = pausingDriver() as DriverWith<"pause">;
+  const classes = move.classGuard ? [driver.poolClass] : [];
+  // What the driver does for the move names the spec generation the change gives the instance, which only the statement knows.
+  const acted = driver.power.inStatement(w, id, move.to, CHANGED_ROW);
+  const change = changeStatement(w, { id, state: move.from, desiredState: move.from, nodeId: null }, { desired_state: desired }, `requested:${desired}`, {
+    last: true,
+    rowNode: true,
+    guard: () =>
+      SQL`tenant_id = ${who.tenantId} AND state = ${move.from} AND desired_state = ${move.from} AND node_id IS NOT NULL
+         AND sandbox_id IS NULL AND warm_template_id IS NULL
+         ${classes.length ? SQL`AND (SELECT p.class FROM pools p WHERE p.id = instances.pool_id) = ANY(${classes}::text[])` : SQL.empty}`,
+    parts: () => {
+      const audit = w.auditInStatement({ targetId: id, tenantId: who.tenantId }, SQL`jsonb_build_object('desired', ${desired}::text)`, CHANGED_ROW);
+      return [acted.part, ...(audit ? [SQL`audited AS (${audit})`] : [])];
+    },
+  });
+  return { change, acted, move };
 }

@@ -7,6 +7,7 @@ import type { Instance } from "../instances/model.ts";
 import type { DesiredState, InstanceState } from "../instances/state.ts";
 import type { Sql } from "../kernel/db.ts";
 import type { Sealer } from "../kernel/seal.ts";
+import type { Fragment } from "../kernel/sql.ts";
 import type { Write, WriteOptions } from "../kernel/write.ts";
 
 /**
@@ -80,7 +81,7 @@ export interface PowerActs {
    * As a WITH part of a change's statement over a row the write has not read (core/lifecycle/power-requests.ts):
    * `from` names the changed row's part; call `queued` with the changed row once the statement ran.
    */
-  inStatement(w: Write, instanceId: string, to: PowerTarget, from: string): { part(add: (v: unknown) => string): string; queued(changed: Instance): void };
+  inStatement(w: Write, instanceId: string, to: PowerTarget, from: Fragment): { part: Fragment; queued(changed: Instance): void };
 }
 
 /** The class-specific columns of a new pool. */
@@ -130,16 +131,14 @@ export interface Placed {
 }
 
 /**
- * Statement parts a driver hands admission. `ctes(p)` (no leading WITH) end in `held`, always one row:
+ * Statement parts a driver hands admission. `ctes(gate)` (no leading WITH) end in `held`, always one row:
  * `node_id`, `generation` (the node's spec generation after the claim), `addresses`, `allocation_id` (null when
  * not taken), `picked` (the node chosen, even if not taken); a CTE `made` holds the new allocation row (id,
- * vcpus, memory_mib) for the meter span; p(k) is the statement's placeholder for params[k - 1]. Nothing is
- * taken unless `gate` (an SQL condition of the statement's) holds.
+ * vcpus, memory_mib) for the meter span. Nothing is taken unless `gate` (an SQL condition of the statement's) holds.
  * When `held.node_id` is null, `refusal` says why, or throws a retryable error when it was only contention.
  */
 export interface DeferredHold {
-  ctes(p: (k: number) => string, gate: string): string;
-  params: unknown[];
+  ctes(gate: Fragment): Fragment;
   refusal(sql: Sql, held: { addresses: string[] | null; picked: string | null }): Promise<Error>;
 }
 

@@ -1,6 +1,7 @@
 import { z } from "zod";
 import { AppError } from "../../contracts/errors.ts";
 import type { Sql } from "../kernel/db.ts";
+import { type Fragment, SQL } from "../kernel/sql.ts";
 import { parseInput } from "../kernel/validation.ts";
 
 export type Charge = Record<string, number>;
@@ -34,11 +35,11 @@ export const needsUsageRows = (resources: readonly string[]) => resources.some((
 /**
  * The guarded charge (the `charge_quota` function, migration `charge_quota`): a row is only raised while it stays
  * within its limit, and the row locks serialise a tenant's concurrent creates (the WHERE is re-checked after a
- * lock wait). Returns the resources it raised; fewer than asked means a limit was hit. `tenant`, `resources`,
- * `amounts` are the placeholders; nothing is charged where `guard` is false.
+ * lock wait). Returns the resources it raised; fewer than asked means a limit was hit. Nothing is charged where
+ * `guard` is false.
  */
-export const chargeSql = (tenant: string, resources: string, amounts: string, guard = "true") =>
-  `SELECT c AS resource FROM charge_quota(${tenant}::text, ${resources}::text[], ${amounts}::bigint[], ${guard}) c`;
+export const chargeSql = (tenantId: string, resources: readonly string[], amounts: readonly number[], guard: Fragment = SQL`true`) =>
+  SQL`SELECT c AS resource FROM charge_quota(${tenantId}::text, ${resources}::text[], ${amounts}::bigint[], ${guard}) c`;
 
 /**
  * Charge a tenant's quota in one guarded UPDATE (chargeSql). Fewer rows updated than asked means a limit was
@@ -48,7 +49,7 @@ export async function chargeQuota(sql: Sql, tenantId: string, charge: Charge): P
   const { resources, amounts } = chargeRows(charge);
   if (resources.length === 0) return;
   if (needsUsageRows(resources)) await ensureUsageRows(sql, tenantId, resources);
-  const raised = await sql.query<{ resource: string }>(chargeSql("$1", "$2", "$3"), [tenantId, resources, amounts]);
+  const raised = await sql.query<{ resource: string }>(chargeSql(tenantId, resources, amounts));
   if (raised.length < resources.length)
     throw await quotaRefusal(
       sql,

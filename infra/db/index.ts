@@ -3,10 +3,11 @@ import { chmodSync, mkdirSync } from "node:fs";
 import { resolve } from "node:path";
 import { PGlite } from "@electric-sql/pglite";
 import pg from "pg";
-import { oneByOne, type Reader, type Sql, type Statement } from "../../core/kernel/db.ts";
+import { oneByOne, type Reader, type Sql, type Statement, statementOf } from "../../core/kernel/db.ts";
 import type { PrismaClient } from "../../prisma/generated/client.ts";
 import { ownerOnly } from "../data-dir.ts";
 import { Gate, hostLane, type Lane } from "./lanes.ts";
+import { literals } from "./literals.ts";
 
 /** Plain SQL beside Prisma: migrations need multi-statement scripts, which prepared statements refuse. */
 export interface SqlRunner {
@@ -52,7 +53,7 @@ export interface TransactionOptions {
  * unnamed: they are cheap and some cannot be prepared.
  */
 const names = new Map<string, string>();
-function prepared(text: string, params?: readonly unknown[]): pg.QueryConfig {
+function prepared({ text, params }: Statement): pg.QueryConfig {
   if (!params?.length) return { text };
   let name = names.get(text);
   if (!name) {
@@ -139,7 +140,7 @@ export async function openDatabase(opts: DatabaseOptions): Promise<Database> {
       api: (caller) => {
         const lane: Lane = { kind: "api", caller };
         return {
-          read: (fn) => fn({ query: (text, params) => gate.run(lane, () => pgQuery(apiConnections()).query(text, params)) }),
+          read: (fn) => fn({ query: (statement, params) => gate.run(lane, () => pgQuery(apiConnections()).query(statement, params)) }),
           transaction: (fn, topts) => gate.run(lane, () => pgTransaction(apiConnections(), fn, topts)),
         };
       },
@@ -182,13 +183,11 @@ export async function openDatabase(opts: DatabaseOptions): Promise<Database> {
   const liteRead =
     (lane: Lane): Reader["read"] =>
     (fn) =>
-      fn({ query: (text, params) => gate.run(lane, async () => (await lite.query(text, params as unknown[])).rows as never) });
+      fn({ query: (statement, params) => gate.run(lane, () => liteQuery(lite, statementOf(statement, params))) });
   const liteTransaction =
     (lane: Lane): Database["transaction"] =>
     (fn) =>
-      gate.run(lane, () =>
-        lite.transaction((tx) => fn({ query: async <T>(text: string, params?: readonly unknown[]) => (await tx.query<T>(text, params as unknown[])).rows })),
-      );
+      gate.run(lane, () => lite.transaction((tx) => fn({ query: (statement, params) => liteQuery(tx, statementOf(statement, params)) })));
   return {
     kind: "pglite",
     get prisma() {
@@ -218,8 +217,11 @@ export async function openDatabase(opts: DatabaseOptions): Promise<Database> {
 }
 
 const pgQuery = (pool: pg.Pool): Sql => ({
-  query: async <T>(text: string, params?: readonly unknown[]) => (await pool.query(prepared(text, params))).rows as T[],
+  query: async <T>(statement: string | Statement, params?: readonly unknown[]) => (await pool.query(prepared(statementOf(statement, params)))).rows as T[],
 });
+
+/** A statement on PGlite (or one of its transactions). */
+const liteQuery = async <T>(on: Pick<PGlite, "query">, { text, params }: Statement): Promise<T[]> => (await on.query<T>(text, params as unknown[])).rows;
 
 /**
  * A client checked out of the pool, with a listener for its connection's errors while it is out: the pool
@@ -289,13 +291,13 @@ async function pgTransaction<T>(pool: pg.Pool, fn: (sql: Sql) => Promise<T>, opt
     return begin ? results.slice(BEGUN) : results;
   };
   /** One at a time, as node-postgres sends them (a parameter a query's text cannot carry goes apart from it). */
-  const apart = async (text: string, params: readonly unknown[] | undefined): Promise<pg.QueryResult> => {
+  const apart = async (statement: Statement): Promise<pg.QueryResult> => {
     if (!begun) {
       begun = true;
       open = true;
       await client.query(BEGIN);
     }
-    return client.query(prepared(text, params));
+    return client.query(prepared(statement));
   };
   /** The transaction's last statements and its COMMIT, in one message where their parameters allow (Sql.commitBatch). */
   const commitAfter = async (statements: Statement[]): Promise<unknown[][]> => {
@@ -310,7 +312,7 @@ async function pgTransaction<T>(pool: pg.Pool, fn: (sql: Sql) => Promise<T>, opt
         // A parameter a query's text cannot carry: the statements go apart, then COMMIT.
         if (begin) await client.query(BEGIN);
         const rows: unknown[][] = [];
-        for (const st of statements) rows.push((await client.query(prepared(st.text, st.params))).rows);
+        for (const st of statements) rows.push((await client.query(prepared(st))).rows);
         await commitApart();
         return rows;
       }
@@ -331,11 +333,12 @@ async function pgTransaction<T>(pool: pg.Pool, fn: (sql: Sql) => Promise<T>, opt
     }
   };
   const sql: Sql = {
-    query: async <R>(text: string, params?: readonly unknown[]) => {
+    query: async <R>(given: string | Statement, params?: readonly unknown[]) => {
       // A write that goes on after its last statement would write outside its transaction.
       if (committedEarly) throw new Error("this transaction was committed by its last statement (commitWith)");
+      const statement = statementOf(given, params);
       // The first statement carries BEGIN; later ones go as node-postgres sends them (extended protocol, named).
-      const [result] = (!begun && (await send([{ text, params }]))) || [await apart(text, params)];
+      const [result] = (!begun && (await send([statement]))) || [await apart(statement)];
       return (result as pg.QueryResult).rows as R[];
     },
     batch: async (statements) => {
@@ -343,7 +346,7 @@ async function pgTransaction<T>(pool: pg.Pool, fn: (sql: Sql) => Promise<T>, opt
       // A parameter a query's text cannot carry: each statement goes apart, as `query` sends it.
       return (await send(statements))?.map((r) => r.rows) ?? oneByOne(sql, statements);
     },
-    commitWith: async <R>(text: string, params: readonly unknown[]) => (await commitAfter([{ text, params }]))[0] as R[],
+    commitWith: async <R>(statement: string | Statement, params?: readonly unknown[]) => (await commitAfter([statementOf(statement, params)]))[0] as R[],
     commitBatch: (statements) => commitAfter(statements),
   };
   try {
@@ -355,15 +358,6 @@ async function pgTransaction<T>(pool: pg.Pool, fn: (sql: Sql) => Promise<T>, opt
     throw e;
   } finally {
     release();
-  }
-}
-
-/** Every parameter as a literal EXECUTE can take, or null if one has none (it then goes apart, as usual). */
-function literals(params: readonly unknown[]): string | null {
-  try {
-    return params.map(literal).join(", ");
-  } catch {
-    return null;
   }
 }
 
@@ -401,53 +395,6 @@ async function executeOn(client: pg.PoolClient, statements: { text: string; args
   for (const [text, name] of fresh) session.names.set(text, name);
   // One statement in all comes back as its result, not a list of one.
   return (Array.isArray(sent) ? sent : [sent]).slice(prepares.length) as pg.QueryResult[];
-}
-
-/**
- * A parameter as EXECUTE takes it: a quoted literal of its text form, which PostgreSQL converts to the type the
- * prepared statement inferred for it, as it does a parameter sent apart from the query.
- */
-function literal(v: unknown): string {
-  if (v === null || v === undefined) return "NULL";
-  if (typeof v === "string") return quoted(v);
-  if (typeof v === "number") {
-    if (!Number.isFinite(v)) throw new Error(`not a finite number: ${v}`);
-    return `'${v}'`;
-  }
-  if (typeof v === "boolean" || typeof v === "bigint") return `'${v}'`;
-  if (v instanceof Date) return `'${v.toISOString()}'`;
-  if (Buffer.isBuffer(v)) return quoted(`\\x${v.toString("hex")}`);
-  if (Array.isArray(v))
-    return quoted(
-      `{${v
-        .map((e) => {
-          if (e === null || e === undefined) return "NULL";
-          if (typeof e === "object") throw new Error("only arrays of scalars are sent as literals");
-          return `"${noNul(String(e)).replace(/\\/g, "\\\\").replace(/"/g, '\\"')}"`;
-        })
-        .join(",")}}`,
-    );
-  throw new Error(`no literal for a ${typeof v}`);
-}
-
-/**
- * A string as a literal: as pg.escapeLiteral makes it (an E'' literal when it holds a backslash, so the
- * server's standard_conforming_strings does not matter), but most strings (ids, JSON without either character)
- * are sent as they are, without pg's character-by-character copy, which showed in the API's profile.
- */
-function quoted(s: string): string {
-  noNul(s);
-  if (!/['\\]/.test(s)) return `'${s}'`;
-  return s.includes("\\") ? ` E'${s.replace(/\\/g, "\\\\").replace(/'/g, "''")}'` : `'${s.replace(/'/g, "''")}'`;
-}
-
-/**
- * A query's text ends at its first NUL, so a string holding one has no literal: such a parameter goes apart
- * from the query, where PostgreSQL refuses it as it refuses any NUL in text (22021, the caller's bad input).
- */
-function noNul(s: string): string {
-  if (s.includes("\u0000")) throw new Error("a NUL has no literal");
-  return s;
 }
 
 function needPrisma(p: PrismaClient | null): PrismaClient {

@@ -1,6 +1,7 @@
 import { Queue } from "bullmq";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import type { InstanceEventMessage } from "../../contracts/channels.ts";
+import { SQL } from "../../core/kernel/sql.ts";
 import { INLINE_PASSES } from "../../core/lifecycle/reconciler.ts";
 import { openBus } from "../../infra/bus.ts";
 import type { TransactionOptions } from "../../infra/db/index.ts";
@@ -36,8 +37,8 @@ describe("deferred statements", () => {
       (await h.platform.read((sql) => sql.query<{ action: string }>(`SELECT action FROM audit_log WHERE target_id = $1 ORDER BY action`, [target]))).map(
         (r) => r.action,
       );
-    const deferred = (target: string) => (p: (v: unknown) => string) =>
-      `INSERT INTO audit_log (actor_id, action, target_id, details, at) VALUES ('test', 'deferred', ${p(target)}::text, '{}'::jsonb, now())`;
+    const deferred = (target: string) =>
+      SQL`INSERT INTO audit_log (actor_id, action, target_id, details, at) VALUES ('test', 'deferred', ${target}::text, '{}'::jsonb, now())`;
     const audited = `defer-a-${Date.now()}`;
     await h.platform.write({ actor: "test", action: "testDefer" }, async (w) => {
       w.defer(deferred(audited));

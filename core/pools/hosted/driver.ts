@@ -7,6 +7,7 @@ import { queueSnapshot } from "../../commands/snapshot.ts";
 import { stepsWithoutHost } from "../../instances/decide.ts";
 import type { Instance } from "../../instances/model.ts";
 import { one } from "../../kernel/db.ts";
+import { SQL } from "../../kernel/sql.ts";
 import { ContendedWrite, type Write } from "../../kernel/write.ts";
 import type { AdmitRequest, DeferredHold, PoolDriver, PoolInput } from "../driver.ts";
 import { hostedChecks } from "./doctor.ts";
@@ -158,11 +159,10 @@ function onNode<I extends { id: string; nodeId: string | null }>(inst: I): I & {
 
 /** The address, then the node (only once the address is held), as CTEs of admission's last statement. */
 function deferredHold(w: Write, req: AdmitRequest, placeReq: PlaceRequest): DeferredHold {
-  const placement = placeInStatement(placeReq, w.ids("alloc"), "EXISTS (SELECT FROM lease)");
+  const placement = placeInStatement(placeReq, w.ids("alloc"), SQL`EXISTS (SELECT FROM lease)`);
   return {
-    params: [req.pool.id, req.instanceId, w.now, ...placement.params],
-    ctes: (p, gate) => `lease AS (${leaseSql(p(1), p(2), p(3), gate)}),
-       ${placement.ctes((k) => p(k + 3))},
+    ctes: (gate) => SQL`lease AS (${leaseSql(req.pool.id, req.instanceId, w.now, gate)}),
+       ${placement},
        held AS (SELECT claimed.id AS node_id, claimed.spec_generation AS generation, (SELECT array_agg(address) FROM lease) AS addresses,
                        made.id AS allocation_id, claimed.picked
                   FROM (SELECT 1) one LEFT JOIN claimed ON true LEFT JOIN made ON true)`,

@@ -1,6 +1,7 @@
 import type { ChangeHook, InstanceSet } from "../../instances/changes.ts";
 import { specPower } from "../../instances/decide.ts";
 import type { DesiredState, InstanceState } from "../../instances/state.ts";
+import { type Fragment, SQL } from "../../kernel/sql.ts";
 import type { Write } from "../../kernel/write.ts";
 
 /**
@@ -12,9 +13,9 @@ import type { Write } from "../../kernel/write.ts";
 /** States in which the host should hold the domain (with the power specPower gives). */
 export const HELD_STATES: readonly InstanceState[] = ["provisioning", "starting", "running", "stopped", "paused", "resizing", "rebooting", "error", "lost"];
 
-/** The statement that bumps the nodes' generations (`ids`: a text[] placeholder), returning "nodeId", generation. */
-export const specsBumpedSql = (ids: string) =>
-  `UPDATE nodes SET spec_generation = spec_generation + 1 WHERE id = ANY(${ids}::text[]) RETURNING id AS "nodeId", spec_generation AS generation`;
+/** The statement that bumps the nodes' generations (`ids`: a text[], or SQL for one), returning "nodeId", generation. */
+export const specsBumpedSql = (ids: unknown) =>
+  SQL`UPDATE nodes SET spec_generation = spec_generation + 1 WHERE id = ANY(${ids}::text[]) RETURNING id AS "nodeId", spec_generation AS generation`;
 
 /** The nodes named, once each and in id order (the order their rows are locked in). */
 export const specNodes = (nodeIds: readonly (string | null | undefined)[]) => [...new Set(nodeIds.filter((n): n is string => !!n))].sort();
@@ -23,7 +24,7 @@ export const specNodes = (nodeIds: readonly (string | null | undefined)[]) => [.
 export async function bumpSpecs(w: Write, nodeIds: readonly (string | null | undefined)[]): Promise<{ nodeId: string; generation: number }[]> {
   const unique = specNodes(nodeIds);
   if (!unique.length) return [];
-  const rows = await w.sql.query<{ nodeId: string; generation: number }>(specsBumpedSql("$1"), [unique]);
+  const rows = await w.sql.query<{ nodeId: string; generation: number }>(specsBumpedSql(unique));
   for (const r of rows) w.spec(r.nodeId, r.generation);
   return rows;
 }
@@ -59,7 +60,7 @@ const SPEC_FIELDS: readonly (keyof InstanceSet)[] = [
  * the generation of its node after the change.
  */
 export const specGenerations: ChangeHook = {
-  parts({ inst, set, to, desired, nodeId, guard, rowNode }, add) {
+  parts({ id, inst, set, to, desired, nodeId, guard, rowNode }) {
     // A step that leaves what the host is told unchanged (provisioning → starting → running on the host's own
     // report) keeps the generation, so the report that caused it still counts and the next step follows
     // without another round trip through the agent. Anything else the host must see, and confirm, anew.
@@ -68,17 +69,16 @@ export const specGenerations: ChangeHook = {
     // The generations' statement would run whether or not the guard held, unless it reads the node from the row.
     if (guard && nodes.length && !rowNode) throw new Error(`a guarded change must leave the host's spec as it is (${inst.state} → ${to})`);
     const bumped = rowNode
-      ? specsBumpedSql(`ARRAY(SELECT node_id FROM instances WHERE id = $1 AND node_id IS NOT NULL${guard})`)
+      ? specsBumpedSql(SQL`ARRAY(SELECT node_id FROM instances WHERE id = ${id} AND node_id IS NOT NULL${guard ?? SQL.empty})`)
       : nodes.length
-        ? specsBumpedSql(add(nodes))
+        ? specsBumpedSql(nodes)
         : null;
     if (!bumped) return null;
+    const node: Fragment = rowNode ? SQL`instances.node_id` : SQL`${nodeId}::text`;
     return {
-      before: [`g AS (${bumped})`],
-      assignments: [
-        `spec_generation = COALESCE((SELECT generation FROM g WHERE "nodeId" = ${rowNode ? "instances.node_id" : `${add(nodeId)}::text`}), spec_generation)`,
-      ],
-      returned: `(SELECT json_agg(json_build_object('nodeId', "nodeId", 'generation', generation)) FROM g)`,
+      before: [SQL`g AS (${bumped})`],
+      assignments: [SQL`spec_generation = COALESCE((SELECT generation FROM g WHERE "nodeId" = ${node}), spec_generation)`],
+      returned: SQL`(SELECT json_agg(json_build_object('nodeId', "nodeId", 'generation', generation)) FROM g)`,
       applied(w, specs) {
         for (const s of (specs as { nodeId: string; generation: number }[] | null) ?? []) w.spec(s.nodeId, s.generation);
       },

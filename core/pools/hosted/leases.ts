@@ -1,5 +1,6 @@
 import { AppError } from "../../../contracts/errors.ts";
 import { one, type Sql } from "../../kernel/db.ts";
+import { type Fragment, SQL } from "../../kernel/sql.ts";
 import { formatIpv4, leasableCount, type Range } from "./ipam.ts";
 
 /** Make the address rows of a new range: every offset but network, broadcast and gateway. */
@@ -14,16 +15,16 @@ export async function createAddresses(sql: Sql, ipPoolId: string, range: Range):
 /**
  * The lease: the lowest free address of the pool's range, by the lease_address function (the
  * hold_in_functions migration: rows other creates are taking are skipped, and a lock that meets a row changed
- * under it rechecks only that small plan, not the statement it is called from). Placeholders: pool, instance,
- * time; no row when no address is free, or unless `gate` holds.
+ * under it rechecks only that small plan, not the statement it is called from). No row when no address is free,
+ * or unless `gate` holds.
  */
-export const leaseSql = (pool: string, instance: string, at: string, gate = "true") =>
-  `SELECT a AS address FROM lease_address(${pool}::text, ${instance}::text, ${at}::timestamptz, ${gate}) a WHERE a IS NOT NULL`;
+export const leaseSql = (poolId: string, instanceId: string, at: Date, gate: Fragment = SQL`true`) =>
+  SQL`SELECT a AS address FROM lease_address(${poolId}::text, ${instanceId}::text, ${at}::timestamptz, ${gate}) a WHERE a IS NOT NULL`;
 
 export const noFreeAddress = (poolId: string) => new AppError("UNSCHEDULABLE", `pool ${poolId} has no free IPv4 address`, { poolId });
 
 export async function leaseAddress(sql: Sql, poolId: string, instanceId: string, now: Date): Promise<string> {
-  const [leased] = await sql.query<{ address: string }>(leaseSql("$1", "$2", "$3"), [poolId, instanceId, now]);
+  const [leased] = await sql.query<{ address: string }>(leaseSql(poolId, instanceId, now));
   if (!leased) throw noFreeAddress(poolId);
   return leased.address;
 }

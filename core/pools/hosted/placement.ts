@@ -2,6 +2,7 @@ import { AppError } from "../../../contracts/errors.ts";
 import type { Shape } from "../../catalog/shapes.ts";
 import type { Sql } from "../../kernel/db.ts";
 import type { IdSource } from "../../kernel/ids.ts";
+import { type Fragment, SQL } from "../../kernel/sql.ts";
 
 export interface Placement {
   nodeId: string;
@@ -30,13 +31,37 @@ export interface PlaceRequest {
 
 const CANDIDATES = 8;
 
-// The nodes of the pool a request may take: $1 pool, $2 vCPUs, $3 MiB, $4 GiB, $5 single-tenant, $6 tenant, $7
-// the only node to consider (or null), $8 nodes to avoid; node_fits (the hold_in_functions migration) says what a
-// node must be and have free, for claim_node as for this.
-const FITS = `n.pool_id = $1 AND ($7::text IS NULL OR n.id = $7) AND NOT (n.id = ANY($8::text[]))
-  AND node_fits(n, $2::int, $3::bigint, $4::bigint, $5::boolean, $6::text)`;
-type Placeholder = (k: number) => string;
-const dollar: Placeholder = (k) => `$${k}`;
+/** What a claim binds, each once however often the statement reads it (placeValues). */
+interface ClaimValues {
+  pool: Fragment;
+  vcpus: Fragment;
+  memoryMib: Fragment;
+  diskGib: Fragment;
+  singleTenant: Fragment;
+  tenant: Fragment;
+  onlyNode: Fragment;
+  excluded: Fragment;
+}
+
+const placeValues = (req: PlaceRequest, onlyNodeId = req.onlyNodeId): ClaimValues => ({
+  pool: SQL.param(req.poolId),
+  vcpus: SQL.param(req.shape.vcpus),
+  memoryMib: SQL.param(req.shape.memoryMib),
+  diskGib: SQL.param(req.shape.diskGib),
+  singleTenant: SQL.param(req.singleTenant),
+  tenant: SQL.param(req.tenantId),
+  onlyNode: SQL.param(onlyNodeId ?? null),
+  excluded: SQL.param(req.excludeNodeIds ?? []),
+});
+
+const bool = (b: boolean) => (b ? SQL`true` : SQL`false`);
+
+/**
+ * The nodes of the pool a request may take (as `n`): node_fits (the hold_in_functions migration) says what a node
+ * must be and have free, for claim_node as for this.
+ */
+const fits = (v: ClaimValues) => SQL`n.pool_id = ${v.pool} AND (${v.onlyNode}::text IS NULL OR n.id = ${v.onlyNode}) AND NOT (n.id = ANY(${v.excluded}::text[]))
+  AND node_fits(n, ${v.vcpus}::int, ${v.memoryMib}::bigint, ${v.diskGib}::bigint, ${v.singleTenant}::boolean, ${v.tenant}::text)`;
 
 /**
  * Claim a node for the request by the claim_node function (the hold_in_functions migration, which says the
@@ -44,45 +69,32 @@ const dollar: Placeholder = (k) => `$${k}`;
  * waiters spread over the nodes instead of queueing on one; the fit is checked again on the row it locks. A
  * function because a lock that meets a row changed under it rechecks the plan it is in: there, a small one.
  * One row unless `guard` is false: `picked` (the node locked, null when none fits), and `id` and
- * `spec_generation` (after the claim) when the claim held. p(1)…p(8) as placeParams.
+ * `spec_generation` (after the claim) when the claim held.
  */
-const claimSql = (bumpSpec: boolean | undefined, p: Placeholder, wait: boolean, guard = "true") =>
-  `SELECT c.picked, c.id, c.spec_generation FROM claim_node(${p(1)}::text, ${p(2)}::int, ${p(3)}::bigint, ${p(4)}::bigint, ${p(5)}::boolean, ${p(6)}::text,
-     ${p(7)}::text, ${p(8)}::text[], ${!!bumpSpec}, ${wait}, ${guard}) c`;
+const claimSql = (bumpSpec: boolean | undefined, v: ClaimValues, wait: boolean, guard = SQL`true`) =>
+  SQL`SELECT c.picked, c.id, c.spec_generation FROM claim_node(${v.pool}::text, ${v.vcpus}::int, ${v.memoryMib}::bigint, ${v.diskGib}::bigint, ${v.singleTenant}::boolean, ${v.tenant}::text,
+     ${v.onlyNode}::text, ${v.excluded}::text[], ${bool(!!bumpSpec)}, ${bool(wait)}, ${guard}) c`;
 
 /**
- * The claim's CTEs, for one statement: `claimed` (claimSql's row) and `made` (the allocation, p(9), for instance
- * p(10), when the claim held).
+ * The claim's CTEs, for one statement: `claimed` (claimSql's row) and `made` (the allocation `allocationId`, for
+ * the request's instance, when the claim held).
  */
-const claimCtes = (bumpSpec: boolean | undefined, p: Placeholder, guard = "true") => `claimed AS (${claimSql(bumpSpec, p, true, guard)}),
+const claimCtes = (req: PlaceRequest, allocationId: string, guard = SQL`true`) => {
+  const v = placeValues(req);
+  return SQL`claimed AS (${claimSql(req.bumpSpec, v, true, guard)}),
        made AS (INSERT INTO allocations (id, node_id, instance_id, tenant_id, vcpus, memory_mib, disk_gib)
-         SELECT ${p(9)}, claimed.id, ${p(10)}, ${p(6)}, ${p(2)}, ${p(3)}, ${p(4)} FROM claimed WHERE claimed.id IS NOT NULL
+         SELECT ${allocationId}, claimed.id, ${req.instanceId}, ${v.tenant}, ${v.vcpus}, ${v.memoryMib}, ${v.diskGib} FROM claimed WHERE claimed.id IS NOT NULL
          RETURNING id, node_id, vcpus, memory_mib)`;
-
-const placeParams = (req: PlaceRequest, allocationId: string) => {
-  const s = req.shape;
-  return [
-    req.poolId,
-    s.vcpus,
-    s.memoryMib,
-    s.diskGib,
-    req.singleTenant,
-    req.tenantId,
-    req.onlyNodeId ?? null,
-    req.excludeNodeIds ?? [],
-    allocationId,
-    req.instanceId,
-  ];
 };
 
 /**
  * A placement for a caller's own statement (admission's last one, so that the node's row is locked for that
- * statement and its commit only): CTEs `claimed` and `made` as claimCtes describes, taken only where
- * `guard` holds; `params` are the values of p(1)…p(10). GPU requests are not placed this way (`place` does).
+ * statement and its commit only): CTEs `claimed` and `made` as claimCtes describes, taken only where `guard`
+ * holds. GPU requests are not placed this way (`place` does).
  */
-export function placeInStatement(req: PlaceRequest, allocationId: string, guard: string): { ctes: (p: Placeholder) => string; params: unknown[] } {
+export function placeInStatement(req: PlaceRequest, allocationId: string, guard: Fragment): Fragment {
   if (req.shape.gpus.length) throw new Error("GPU placements take place(), which claims the GPUs row by row");
-  return { ctes: (p) => claimCtes(req.bumpSpec, p, guard), params: placeParams(req, allocationId) };
+  return claimCtes(req, allocationId, guard);
 }
 
 /**
@@ -98,47 +110,42 @@ export function placeInStatement(req: PlaceRequest, allocationId: string, guard:
 export async function place(sql: Sql, ids: IdSource, req: PlaceRequest): Promise<Placement> {
   const s = req.shape;
   const allocationId = ids("alloc");
-  const base = placeParams(req, allocationId).slice(0, 8);
 
   if (s.gpus.length === 0) {
     // The common case in one statement: pick, lock, claim and record the allocation.
     const [claimed] = await sql.query<{ node_id: string; generation: number }>(
-      `WITH ${claimCtes(req.bumpSpec, dollar)} SELECT made.node_id, claimed.spec_generation AS generation FROM made JOIN claimed ON claimed.id = made.node_id`,
-      placeParams(req, allocationId),
+      SQL`WITH ${claimCtes(req, allocationId)} SELECT made.node_id, claimed.spec_generation AS generation FROM made JOIN claimed ON claimed.id = made.node_id`,
     );
     if (claimed) return { nodeId: claimed.node_id, allocationId, specGeneration: claimed.generation, gpus: [] };
     throw await unschedulable(sql, req);
   }
 
   const candidates = await sql.query<{ id: string }>(
-    `SELECT n.id FROM nodes n WHERE ${FITS}
-        AND NOT EXISTS (SELECT 1 FROM jsonb_to_recordset($9::jsonb) AS w(model text, count int)
+    SQL`SELECT n.id FROM nodes n WHERE ${fits(placeValues(req))}
+        AND NOT EXISTS (SELECT 1 FROM jsonb_to_recordset(${JSON.stringify(s.gpus)}::jsonb) AS w(model text, count int)
                          WHERE (SELECT count(*) FROM node_gpus g WHERE g.node_id = n.id AND g.model = w.model AND g.allocation_id IS NULL) < w.count)
       ORDER BY (SELECT count(*) FROM node_gpus g WHERE g.node_id = n.id AND g.allocation_id IS NULL
-                 AND NOT (g.model = ANY($10::text[]))), n.cap_memory_mib - n.alloc_memory_mib, n.id
-      LIMIT ${CANDIDATES}`,
-    [...base, JSON.stringify(s.gpus), s.gpus.map((g) => g.model)],
+                 AND NOT (g.model = ANY(${s.gpus.map((g) => g.model)}::text[]))), n.cap_memory_mib - n.alloc_memory_mib, n.id
+      LIMIT ${SQL.raw(String(CANDIDATES))}`,
   );
   const busy: string[] = [];
   for (const { id } of candidates) {
-    const placed = await tryNode(sql, base, req, id, allocationId, false);
+    const placed = await tryNode(sql, req, id, allocationId, false);
     if (placed === "busy") busy.push(id);
     else if (placed) return placed;
   }
   for (const id of busy) {
-    const placed = await tryNode(sql, base, req, id, allocationId, true);
+    const placed = await tryNode(sql, req, id, allocationId, true);
     if (placed && placed !== "busy") return placed;
   }
   throw await unschedulable(sql, req);
 }
 
-async function tryNode(sql: Sql, base: unknown[], req: PlaceRequest, nodeId: string, allocationId: string, wait: boolean): Promise<Placement | null | "busy"> {
+async function tryNode(sql: Sql, req: PlaceRequest, nodeId: string, allocationId: string, wait: boolean): Promise<Placement | null | "busy"> {
   // A savepoint lets a node whose GPUs went short after the counters were claimed be given back whole.
   await sql.query("SAVEPOINT place_node");
-  const only = [...base.slice(0, 6), nodeId, base[7]];
   const claimed = await sql.query<{ id: string; generation: number }>(
-    `SELECT id, spec_generation AS generation FROM (${claimSql(req.bumpSpec, dollar, wait)}) c WHERE id IS NOT NULL`,
-    only,
+    SQL`SELECT id, spec_generation AS generation FROM (${claimSql(req.bumpSpec, placeValues(req, nodeId), wait)}) c WHERE id IS NOT NULL`,
   );
   if (claimed.length === 0) {
     await sql.query("ROLLBACK TO SAVEPOINT place_node");
